@@ -1,0 +1,43 @@
+# Two commands do everything on a fresh machine with Python >= 3.11:
+#   make demo   -> virtualenv (if missing), install, run examples/quickstart.py
+#   make test   -> virtualenv (if missing), install, run the whole test suite
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# oneDNN's CPU allocator keeps memory statistics; TensorFlow turns oneDNN on by
+# default only on some CPUs (not on AMD EPYC), so ask for it explicitly.
+export TF_ENABLE_ONEDNN_OPTS ?= 1
+export TF_CPP_MIN_LOG_LEVEL ?= 2
+PYTEST_ARGS ?= -n 2
+
+.PHONY: demo test lint format bench clean venv
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --upgrade pip
+
+$(VENV)/.installed: $(BIN)/python pyproject.toml
+	$(BIN)/python -m pip install -e ".[test,plot]"
+	touch $@
+
+venv: $(VENV)/.installed
+
+demo: venv
+	$(BIN)/python examples/quickstart.py
+
+test: venv
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: venv
+	$(BIN)/ruff check tfmemopt tests examples benchmarks
+	$(BIN)/ruff format --check tfmemopt tests examples benchmarks
+
+format: venv
+	$(BIN)/ruff format tfmemopt tests examples benchmarks
+	$(BIN)/ruff check --fix tfmemopt tests examples benchmarks
+
+bench: venv
+	for f in benchmarks/[a-z]*.py; do $(BIN)/python $$f || exit 1; done
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

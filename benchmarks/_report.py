@@ -1,0 +1,62 @@
+"""Writes one benchmark's table into its own section of BENCHMARKS.md.
+
+Each script owns the text between `<!-- BEGIN name -->` and `<!-- END name -->`
+so that scripts run in any order and never overwrite each other.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PATH = os.path.join(ROOT, "BENCHMARKS.md")
+HEADER = (
+    "# Benchmarks\n\n"
+    "Written by the scripts in `benchmarks/` (run by hand: `make bench`, or one\n"
+    "script at a time). Each measures ours against the alternatives side by\n"
+    "side in one process; times are medians of several runs and quoted as\n"
+    "ratios, since these machines are shared and noisy.\n"
+)
+
+
+def machine() -> str:
+    import keras
+    import tensorflow as tf
+
+    return (
+        f"{platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} cores, TF {tf.__version__}, Keras "
+        f"{keras.__version__}, TF_ENABLE_ONEDNN_OPTS="
+        f"{os.environ.get('TF_ENABLE_ONEDNN_OPTS', 'unset')}, "
+        f"{time.strftime('%Y-%m-%d')}"
+    )
+
+
+def median(values):
+    return statistics.median(values)
+
+
+def table(headers, rows) -> str:
+    out = ["| " + " | ".join(headers) + " |"]
+    out.append("|" + "|".join("---" for _ in headers) + "|")
+    for row in rows:
+        out.append("| " + " | ".join(str(c) for c in row) + " |")
+    return "\n".join(out)
+
+
+def write_section(name: str, body: str) -> None:
+    begin, end = f"<!-- BEGIN {name} -->", f"<!-- END {name} -->"
+    text = open(PATH).read() if os.path.exists(PATH) else HEADER
+    block = f"{begin}\n{body.rstrip()}\n\nMachine: {machine()}.\n{end}"
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        _, tail = rest.split(end, 1)
+        text = head + block + tail
+    else:
+        text = text.rstrip() + "\n\n" + block + "\n"
+    with open(PATH, "w") as f:
+        f.write(text)
+    print(f"wrote section {name!r} of {PATH}")

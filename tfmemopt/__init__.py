@@ -1,0 +1,16 @@
+"""tfmemopt: train Keras models that do not fit in accelerator memory.
+
+Exact gradient accumulation, activation checkpointing that really saves
+memory, mixed precision chosen for the hardware, `tf.distribute` that works,
+and tools that measure and plan memory. TensorFlow + Keras 3.
+"""
+
+__version__ = "0.1.0.dev0"
+
+# --- memory tools (shared) ------------------------------------------------
+from tfmemopt import memory  # noqa: E402
+
+__all__ = [
+    "__version__",
+    "memory",
+]
