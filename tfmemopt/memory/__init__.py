@@ -1,4 +1,4 @@
-"""Reading device and host memory: TensorFlow allocator statistics, psutil.
+"""Reading device and host memory: TF allocator statistics, NVML, psutil.
 
 Only this subpackage reads allocator statistics; everything else asks it.
 """
@@ -11,6 +11,9 @@ from tfmemopt.memory._device import local_devices
 from tfmemopt.memory._device import measure_peak
 from tfmemopt.memory._device import reset_peak
 from tfmemopt.memory._device import stats_available
+from tfmemopt.memory._nvml import nvml_available
+from tfmemopt.memory._nvml import nvml_memory
+from tfmemopt.memory._replicas import replica_devices
 
 __all__ = [
     "MIB",
@@ -19,6 +22,9 @@ __all__ = [
     "host_rss_bytes",
     "local_devices",
     "measure_peak",
+    "nvml_available",
+    "nvml_memory",
+    "replica_devices",
     "reset_peak",
     "stats_available",
 ]
