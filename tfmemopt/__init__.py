@@ -9,8 +9,14 @@ __version__ = "0.1.0.dev0"
 
 # --- memory tools (shared) ------------------------------------------------
 from tfmemopt import memory  # noqa: E402
+from tfmemopt._wrapped import WrappedModel  # noqa: E402,I001
+
+# --- exact gradient accumulation (issue 2) --------------------------------
+from tfmemopt.model import Model  # noqa: E402
 
 __all__ = [
     "__version__",
     "memory",
+    "Model",
+    "WrappedModel",
 ]

@@ -1,0 +1,66 @@
+"""`tfmemopt.Model.wrap`: exact accumulation for a model we did not write."""
+
+from __future__ import annotations
+
+import keras
+
+from tfmemopt.model import Model
+
+
+@keras.saving.register_keras_serializable(package="tfmemopt")
+class WrappedModel(Model):
+    """A `tfmemopt.Model` that calls another model (composition).
+
+    Created by `tfmemopt.Model.wrap(model, ...)`. The wrapped model's
+    variables are this model's variables; saving the wrapper saves it.
+
+    Args:
+        model: The `keras.Model` (or layer) to call.
+        accumulation_steps, micro_batch_size, checkpointing: As for
+            `tfmemopt.Model`.
+        **kwargs: `name` and other `keras.Model` keyword arguments.
+    """
+
+    def __init__(self, model, **kwargs):
+        super().__init__(**kwargs)
+        self.model = model
+        if getattr(model, "built", False):
+            self.built = True
+            if self._checkpointing_policy is not None:
+                self._ensure_checkpointing()
+
+    @property
+    def inner(self) -> keras.layers.Layer:
+        """The wrapped model."""
+        return self.model
+
+    def build(self, input_shape):
+        if not self.model.built:
+            self.model.build(input_shape)
+        self.built = True
+
+    def call(self, inputs, training=None, mask=None):
+        kwargs = {}
+        if getattr(self.model, "_call_has_training_arg", True):
+            kwargs["training"] = training
+        if mask is not None and getattr(
+            self.model, "_call_has_mask_arg", False
+        ):
+            kwargs["mask"] = mask
+        return self.model(inputs, **kwargs)
+
+    def compute_output_spec(self, inputs, training=None, mask=None):
+        return self.model.compute_output_spec(inputs)
+
+    def get_config(self):
+        config = super().get_config()
+        config["model"] = keras.saving.serialize_keras_object(self.model)
+        return config
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        model = keras.saving.deserialize_keras_object(
+            config.pop("model"), custom_objects=custom_objects
+        )
+        return cls(model, **config)

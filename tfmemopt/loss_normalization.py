@@ -1,0 +1,262 @@
+"""Window-exact losses: each compiled loss as a sum and its normaliser.
+
+A Keras loss with reduction `"sum_over_batch_size"` divides the batch's
+weighted sum by the number of entries of *that batch* (the valid entries when
+there is a mask), and `"mean_with_sample_weight"` by the batch's weight sum.
+Averaging the losses of micro-batches therefore gives the wrong gradient as
+soon as micro-batches hold different numbers of valid entries. Here each
+compiled loss term is evaluated as a numerator `S` (the weighted sum over
+the micro-batch) and a normaliser `D`, following Keras's own reduction rules
+(`keras.losses.Loss.__call__`), so that the window's loss is
+`sum_i S_i / sum_i D_i`, exactly the loss of the whole batch.
+
+A term is *static* when its window normaliser is known before the first
+micro-batch runs (no mask: entries are proportional to samples; weight sums
+come from the whole batch's sample weights); it is then folded into the
+micro-batch's loss directly. It is *dynamic* when a mask decides it; its
+gradient is accumulated unnormalised and divided once at the end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import keras
+import tensorflow as tf
+from keras import ops
+
+_MEAN_REDUCTIONS = ("sum_over_batch_size", "mean", "mean_with_sample_weight")
+
+
+class UnsupportedLoss(Exception):
+    """The compiled loss cannot be split exactly; use the generic path."""
+
+
+@dataclasses.dataclass
+class Term:
+    """One compiled loss term of one micro-batch.
+
+    Attributes:
+        name: The term's name (Keras's per-output loss name).
+        numerator: Float32 scalar, the weighted sum `S` of the micro-batch.
+        normaliser: Float32 scalar, the micro-batch's own `D` (valid count,
+            weight sum or entry count; 1 for `"sum"`).
+        weight: Python float, the term's `loss_weights` entry.
+        dynamic: Whether `normaliser` depends on a mask.
+        weight_sum: Float32 scalar or None: for static
+            `"mean_with_sample_weight"` terms, marks that the window
+            normaliser is the whole batch's weight sum.
+        per_sample: Whether the window normaliser is proportional to the
+            number of samples (static mean-type terms without weights).
+    """
+
+    name: str
+    numerator: object
+    normaliser: object
+    weight: float
+    dynamic: bool
+    uses_weight_sum: bool = False
+    per_sample: bool = False
+
+
+def _get_mask(t):
+    return getattr(t, "_keras_mask", None)
+
+
+def _same_rank(x1, x2):
+    """Keras's `squeeze_or_expand_to_same_rank`, for tensors of known rank."""
+    r1, r2 = len(x1.shape), len(x2.shape)
+    if r1 == r2 + 1 and x1.shape[-1] == 1:
+        if r2 == 1:
+            x2 = ops.expand_dims(x2, axis=-1)
+        else:
+            x1 = ops.squeeze(x1, axis=-1)
+    elif r2 == r1 + 1 and x2.shape[-1] == 1:
+        if r1 == 1:
+            x1 = ops.expand_dims(x1, axis=-1)
+        else:
+            x2 = ops.squeeze(x2, axis=-1)
+    return x1, x2
+
+
+def evaluate_term(loss_fn, y_true, y_pred, sample_weight):
+    """`(S, D, dynamic, uses_weight_sum, per_sample)` for one Keras loss.
+
+    Mirrors `keras.losses.Loss.__call__` + `reduce_weighted_values`: the
+    mask of `y_pred` (and of the unreduced losses) multiplies the sample
+    weights; `S` is the sum of `values * weights`; `D` is what Keras would
+    divide by for this micro-batch alone.
+    """
+    if not isinstance(loss_fn, keras.losses.Loss):
+        raise UnsupportedLoss(f"not a keras.losses.Loss: {loss_fn!r}")
+    reduction = loss_fn.reduction
+    if reduction not in _MEAN_REDUCTIONS + ("sum",):
+        raise UnsupportedLoss(f"reduction={reduction!r}")
+    dtype = loss_fn.dtype
+    in_mask = _get_mask(y_pred)
+    y_pred = keras.tree.map_structure(
+        lambda t: ops.convert_to_tensor(t, dtype=dtype), y_pred
+    )
+    y_true = keras.tree.map_structure(
+        lambda t: ops.convert_to_tensor(t, dtype=dtype), y_true
+    )
+    values = loss_fn.call(y_true, y_pred)
+    out_mask = _get_mask(values)
+    if in_mask is not None and out_mask is not None:
+        mask = ops.logical_and(in_mask, out_mask)
+    else:
+        mask = in_mask if in_mask is not None else out_mask
+    values = ops.convert_to_tensor(values, dtype=dtype)
+    if tuple(values.shape) == ():
+        raise UnsupportedLoss("the loss returned a scalar, not per-sample")
+
+    weights = None
+    if sample_weight is not None:
+        weights = ops.cast(sample_weight, values.dtype)
+    if mask is not None:
+        float_mask = ops.cast(mask, values.dtype)
+        if weights is None:
+            weights = float_mask
+        else:
+            float_mask, weights = _same_rank(float_mask, weights)
+            weights = weights * float_mask
+    if weights is not None:
+        values, weights = _same_rank(values, weights)
+        values = values * weights
+    numerator = ops.cast(ops.sum(values), "float32")
+
+    dynamic = False
+    uses_weight_sum = False
+    per_sample = False
+    if reduction == "sum":
+        normaliser = ops.ones((), "float32")
+    elif mask is not None:
+        dynamic = True
+        if reduction == "mean_with_sample_weight" and sample_weight is not None:
+            normaliser = ops.sum(ops.cast(weights, "float32"))
+        else:
+            normaliser = ops.sum(ops.cast(mask, "float32"))
+    elif reduction == "mean_with_sample_weight" and sample_weight is not None:
+        uses_weight_sum = True
+        normaliser = ops.sum(ops.cast(weights, "float32"))
+    else:
+        per_sample = True
+        normaliser = ops.cast(ops.size(values), "float32")
+    return numerator, normaliser, dynamic, uses_weight_sum, per_sample
+
+
+def _resolve(path, structure):
+    for key in path:
+        structure = structure[key]
+    return structure
+
+
+def _align_targets(compile_loss, y_true, y_pred):
+    """Brings `y_true`/`y_pred` into the structure Keras built losses for."""
+    flat_paths = [entry.path for entry in compile_loss._flat_losses]
+    names = compile_loss.output_names
+    if (
+        names
+        and isinstance(y_pred, (list, tuple))
+        and any(path and isinstance(path[0], str) for path in flat_paths)
+    ):
+        y_pred = dict(zip(names, y_pred))
+        if isinstance(y_true, (list, tuple)):
+            y_true = dict(zip(names, y_true))
+    if not keras.tree.is_nested(y_pred):
+        return y_true, y_pred
+    if isinstance(y_pred, dict) and not keras.tree.is_nested(y_true):
+        if len(y_pred) == 1:
+            y_true = {next(iter(y_pred)): y_true}
+    try:
+        keras.tree.assert_same_structure(y_pred, y_true)
+    except (ValueError, TypeError):
+        if isinstance(y_pred, (list, tuple)) and isinstance(y_true, dict):
+            y_true = [y_true[n] for n in names]
+        elif not keras.tree.is_nested(y_true) and len(y_pred) == 1:
+            y_true = [y_true]
+        y_true = keras.tree.pack_sequence_as(y_pred, keras.tree.flatten(y_true))
+    return y_true, y_pred
+
+
+def compiled_terms(model, y_true, y_pred, sample_weight):
+    """Evaluates every compiled loss term of `model` on one micro-batch.
+
+    Returns:
+        A list of `Term`, in the order of Keras's flat losses.
+
+    Raises:
+        UnsupportedLoss: when the configuration cannot be split exactly
+            (the caller then falls back to averaging per-sample losses).
+    """
+    compile_loss = getattr(model, "_compile_loss", None)
+    if compile_loss is None:
+        return []
+    if not compile_loss.built:
+        compile_loss.build(y_true, y_pred)
+    try:
+        y_true, y_pred = _align_targets(compile_loss, y_true, y_pred)
+    except (KeyError, ValueError, TypeError) as e:
+        raise UnsupportedLoss(f"cannot align y with y_pred: {e}") from e
+    terms = []
+    for entry in compile_loss._flat_losses:
+        try:
+            y_t = _resolve(entry.path, y_true)
+            y_p = _resolve(entry.path, y_pred)
+        except (KeyError, IndexError, TypeError) as e:
+            raise UnsupportedLoss(f"path {entry.path}: {e}") from e
+        if sample_weight is not None and keras.tree.is_nested(sample_weight):
+            sw = _resolve(entry.path, sample_weight)
+        else:
+            sw = sample_weight
+        s, d, dynamic, uses_ws, per_sample = evaluate_term(
+            entry.loss, y_t, y_p, sw
+        )
+        weight = 1.0 if entry.loss_weights is None else entry.loss_weights
+        terms.append(
+            Term(entry.name, s, d, float(weight), dynamic, uses_ws, per_sample)
+        )
+    return terms
+
+
+def sample_weight_sums(model, y_true, y_pred_structure, sample_weight):
+    """Whole-batch weight sum per term (for `"mean_with_sample_weight"`)."""
+    compile_loss = model._compile_loss
+    sums = []
+    for entry in compile_loss._flat_losses:
+        if sample_weight is None:
+            sums.append(None)
+            continue
+        sw = sample_weight
+        if keras.tree.is_nested(sample_weight):
+            sw = _resolve(entry.path, sample_weight)
+        sums.append(ops.sum(ops.cast(sw, "float32")))
+    del y_true, y_pred_structure
+    return sums
+
+
+def per_output_loss_metrics(model):
+    """Keras's per-output `<name>_loss` trackers (only with several terms)."""
+    compile_loss = getattr(model, "_compile_loss", None)
+    if compile_loss is None:
+        return []
+    return list(compile_loss.metrics)
+
+
+def global_sum(value):
+    """Sums a tensor over replicas (identity without a strategy)."""
+    if (
+        not tf.distribute.has_strategy()
+        or tf.distribute.in_cross_replica_context()
+    ):
+        return value
+    ctx = tf.distribute.get_replica_context()
+    if ctx is None or ctx.num_replicas_in_sync == 1:
+        return value
+    return ctx.all_reduce(tf.distribute.ReduceOp.SUM, value)
+
+
+def num_replicas() -> int:
+    if not tf.distribute.has_strategy():
+        return 1
+    return tf.distribute.get_strategy().num_replicas_in_sync

@@ -1,0 +1,115 @@
+"""Splitting a batch into micro-batches: pure tensor logic, no Keras.
+
+A batch of `B` samples is cut into `num_full` micro-batches of `size` samples
+and, when `size` does not divide `B`, one shorter `tail` micro-batch. With
+`accumulation_steps=N` the micro-batch size is `ceil(B / N)`, so there are at
+most `N` micro-batches and none is larger than `ceil(B / N)`; with
+`micro_batch_size=m` it is `min(m, B)`. Every sample is in exactly one
+micro-batch, so a batch smaller than `N` (or a short last batch of an epoch)
+still trains on every sample, exactly once.
+
+All quantities may be Python ints (static batch size, decided while tracing)
+or scalar int32 tensors (dynamic batch size); `tf.slice` keeps the slices
+valid under XLA, where the slice size must be a compile-time constant.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import keras
+import tensorflow as tf
+
+
+@dataclasses.dataclass(frozen=True)
+class MicroBatchPlan:
+    """How one batch is cut. Fields are ints or scalar int32 tensors.
+
+    Attributes:
+        batch_size: Samples in the whole batch, `B`.
+        size: Samples in each full micro-batch.
+        num_full: Number of full micro-batches (`B // size`).
+        tail: Samples in the last, shorter micro-batch (0 when none).
+    """
+
+    batch_size: object
+    size: object
+    num_full: object
+    tail: object
+
+    @property
+    def is_static(self) -> bool:
+        return isinstance(self.batch_size, int)
+
+
+def _ceil_div(a, b):
+    return -(-a // b)
+
+
+def plan_micro_batches(
+    batch_size, accumulation_steps: int | None = None, micro_batch_size=None
+) -> MicroBatchPlan:
+    """Cuts a batch of `batch_size` samples into micro-batches.
+
+    Args:
+        batch_size: Int or scalar int tensor, the samples in the batch.
+        accumulation_steps: Int or `None`, the most micro-batches to use.
+        micro_batch_size: Int or `None`, the most samples per micro-batch.
+            Exactly one of the two is given.
+
+    Returns:
+        A `MicroBatchPlan`.
+    """
+    if (accumulation_steps is None) == (micro_batch_size is None):
+        raise ValueError(
+            "Pass exactly one of `accumulation_steps` and `micro_batch_size`. "
+            f"Received: accumulation_steps={accumulation_steps}, "
+            f"micro_batch_size={micro_batch_size}."
+        )
+    if isinstance(batch_size, int):
+        b = batch_size
+        if accumulation_steps is not None:
+            size = max(_ceil_div(b, accumulation_steps), 1)
+        else:
+            size = max(min(micro_batch_size, b), 1)
+        num_full = b // size
+        return MicroBatchPlan(b, size, num_full, b - num_full * size)
+    b = tf.cast(batch_size, tf.int32)
+    if accumulation_steps is not None:
+        size = tf.maximum((b + accumulation_steps - 1) // accumulation_steps, 1)
+    else:
+        size = tf.maximum(tf.minimum(micro_batch_size, b), 1)
+    num_full = b // size
+    return MicroBatchPlan(b, size, num_full, b - num_full * size)
+
+
+def static_batch_size(structure):
+    """The batch size of a structure of tensors: an int when known statically,
+    else a scalar int32 tensor."""
+    first = next(t for t in keras.tree.flatten(structure) if t is not None)
+    static = first.shape[0]
+    if static is not None:
+        return int(static)
+    return tf.shape(first)[0]
+
+
+def slice_batch(structure, start, size):
+    """`t[start:start + size]` for every tensor in `structure` (None kept)."""
+
+    def _slice(t):
+        if t is None:
+            return None
+        t = tf.convert_to_tensor(t)
+        rank = t.shape.rank
+        begin = tf.stack(
+            [tf.cast(start, tf.int32)] + [tf.constant(0, tf.int32)] * (rank - 1)
+        )
+        sizes = tf.stack(
+            [tf.cast(size, tf.int32)] + [tf.constant(-1, tf.int32)] * (rank - 1)
+        )
+        out = tf.slice(t, begin, sizes)
+        if isinstance(size, int):
+            out.set_shape([size] + t.shape.as_list()[1:])
+        return out
+
+    return keras.tree.map_structure(_slice, structure)

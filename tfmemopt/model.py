@@ -1,0 +1,253 @@
+"""`tfmemopt.Model`: exact gradient accumulation inside one train step.
+
+Each `fit` step is one optimizer update on the whole batch. The batch is cut
+into micro-batches (`tfmemopt.micro_batching`) that run strictly one after
+another, so only one micro-batch's activations are alive at a time; their
+gradients are summed in float32 and applied once. Every compiled loss is
+normalised over the whole window (`tfmemopt.loss_normalization`), so the
+update equals the full-batch update, also with masks, sample weights,
+several outputs and short batches.
+"""
+
+from __future__ import annotations
+
+import keras
+
+from tfmemopt import _window
+from tfmemopt.micro_batching import plan_micro_batches
+from tfmemopt.micro_batching import static_batch_size
+
+_CONFIG_KEYS = ("accumulation_steps", "micro_batch_size", "checkpointing")
+
+
+def _check_positive_int(name, value):
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(
+            f"`{name}` must be an integer >= 1. Received: {name}={value!r} "
+            f"(of type {type(value).__name__})."
+        )
+    if value < 1:
+        raise ValueError(
+            f"`{name}` must be an integer >= 1. Received: {name}={value} "
+            f"(of type {type(value).__name__})."
+        )
+
+
+def _inner_optimizer(optimizer):
+    """The optimizer under Keras's LossScaleOptimizer, if any."""
+    while isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        optimizer = optimizer.inner_optimizer
+    return optimizer
+
+
+@keras.saving.register_keras_serializable(package="tfmemopt")
+class Model(keras.Model):
+    """A `keras.Model` whose every step is exact gradient accumulation.
+
+    Each batch given to `fit` is split into micro-batches that run one after
+    another inside a single train step (a `tf.while_loop` with
+    `parallel_iterations=1`); their gradients are summed in float32 and the
+    optimizer applies them once. Peak activation memory is that of one
+    micro-batch; the cost is N smaller matmuls instead of one large one, and
+    one float32 gradient buffer the size of the trainable weights.
+
+    The update is exactly that of the whole batch: every compiled loss is
+    normalised over the whole window (valid entries of masked losses, weight
+    sums of `"mean_with_sample_weight"`, entries of a short last batch), the
+    optimizer, its learning-rate schedule, EMA and weight decay step once,
+    regularisation losses count once, and metrics and the logged loss count
+    every sample once. Under `mixed_float16` each micro-batch's loss is
+    scaled and Keras's `LossScaleOptimizer` checks the window's summed
+    gradients once: one non-finite micro-batch skips the whole update and
+    lowers the scale once.
+
+    BatchNormalization cannot be exact: each micro-batch is normalised with
+    its own statistics and updates the moving statistics once (N momentum
+    updates per step), as if the micro-batches were batches of their own.
+
+    Three ways in, all this class:
+
+    - functional: `tfmemopt.Model(inputs, outputs, accumulation_steps=8)`;
+    - subclassing: `class Net(tfmemopt.Model)` calling
+      `super().__init__(accumulation_steps=8)`;
+    - wrapping any built model: `tfmemopt.Model.wrap(model, 8)`.
+
+    Args:
+        accumulation_steps: Int or `None`. The batch is cut into at most this
+            many micro-batches of `ceil(batch / accumulation_steps)` samples.
+            Defaults to `1` when `micro_batch_size` is not given either.
+        micro_batch_size: Int or `None`, defaults to `None`. Alternatively,
+            the most samples per micro-batch. Pass one of the two, not both.
+        checkpointing: `None` (default) or an activation checkpointing policy
+            (`"auto"`, `"blocks"`, a list of layers or a predicate) applied
+            with `tfmemopt.enable_checkpointing` once the model is built.
+        *args, **kwargs: As for `keras.Model` (`inputs`, `outputs`, `name`).
+
+    Example:
+
+    ```python
+    inputs = keras.Input((784,))
+    h = keras.layers.Dense(256, activation="relu")(inputs)
+    outputs = keras.layers.Dense(10)(h)
+    model = tfmemopt.Model(inputs, outputs, accumulation_steps=8)
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(True))
+    model.fit(x, y, batch_size=64)  # 8 micro-batches of 8, one update of 64
+    ```
+    """
+
+    def __init__(
+        self,
+        *args,
+        accumulation_steps: int | None = None,
+        micro_batch_size: int | None = None,
+        checkpointing=None,
+        **kwargs,
+    ):
+        if accumulation_steps is not None and micro_batch_size is not None:
+            raise ValueError(
+                "Pass either `accumulation_steps` or `micro_batch_size`, not "
+                f"both. Received: accumulation_steps={accumulation_steps}, "
+                f"micro_batch_size={micro_batch_size}. Use "
+                "`accumulation_steps` for a fixed number of micro-batches "
+                "per batch, `micro_batch_size` for a fixed micro-batch size."
+            )
+        if micro_batch_size is None and accumulation_steps is None:
+            accumulation_steps = 1
+        if accumulation_steps is not None:
+            _check_positive_int("accumulation_steps", accumulation_steps)
+        if micro_batch_size is not None:
+            _check_positive_int("micro_batch_size", micro_batch_size)
+        super().__init__(*args, **kwargs)
+        self._accumulation_steps = accumulation_steps
+        self._micro_batch_size = micro_batch_size
+        self._checkpointing_policy = checkpointing
+        self._checkpointing_report = None
+        if checkpointing is not None and self.built:
+            self._ensure_checkpointing()
+
+    @property
+    def accumulation_steps(self) -> int | None:
+        """The most micro-batches per batch (`None` with micro_batch_size)."""
+        return self._accumulation_steps
+
+    @property
+    def micro_batch_size(self) -> int | None:
+        """The most samples per micro-batch (`None` with accumulation_steps)."""
+        return self._micro_batch_size
+
+    @property
+    def checkpointing(self):
+        """The checkpointing policy passed at construction, or `None`."""
+        return self._checkpointing_policy
+
+    @classmethod
+    def wrap(
+        cls,
+        model: keras.Model,
+        accumulation_steps: int | None = None,
+        micro_batch_size: int | None = None,
+        checkpointing=None,
+        name: str | None = None,
+    ) -> "Model":
+        """Wraps any built Keras model (functional, subclassed, keras-hub).
+
+        The wrapper calls `model` and trains it with exact accumulation; the
+        wrapped model's weights are the wrapper's weights, so training the
+        wrapper trains `model`.
+
+        Args:
+            model: A `keras.Model` (or layer), built or buildable on call.
+            accumulation_steps: Int or `None`, as for `tfmemopt.Model`.
+            micro_batch_size: Int or `None`, as for `tfmemopt.Model`.
+            checkpointing: As for `tfmemopt.Model`.
+            name: String or `None`, the wrapper's name.
+
+        Returns:
+            A `tfmemopt.Model` to compile and fit.
+        """
+        from tfmemopt._wrapped import WrappedModel
+
+        if not isinstance(model, keras.layers.Layer):
+            raise TypeError(
+                "`Model.wrap` expects a keras.Model or keras.layers.Layer. "
+                f"Received: model={model!r} (of type {type(model).__name__})."
+            )
+        return WrappedModel(
+            model,
+            accumulation_steps=accumulation_steps,
+            micro_batch_size=micro_batch_size,
+            checkpointing=checkpointing,
+            name=name,
+        )
+
+    def compile(self, *args, **kwargs):
+        super().compile(*args, **kwargs)
+        inner = _inner_optimizer(self.optimizer)
+        steps = getattr(inner, "gradient_accumulation_steps", None)
+        if steps:
+            raise ValueError(
+                "The optimizer has Keras's own gradient accumulation "
+                f"(gradient_accumulation_steps={steps}) and this "
+                "tfmemopt.Model accumulates too "
+                f"(accumulation_steps={self._accumulation_steps}, "
+                f"micro_batch_size={self._micro_batch_size}): the window "
+                "would be accumulated twice. Remove "
+                "`gradient_accumulation_steps` from the optimizer; "
+                "tfmemopt.Model already gives the full-batch update."
+            )
+
+    def _ensure_checkpointing(self):
+        """Applies the checkpointing policy once the model is built."""
+        if self._checkpointing_policy is None or self._checkpointing_report:
+            return
+        from tfmemopt.checkpointing import enable_checkpointing
+
+        self._checkpointing_report = enable_checkpointing(
+            self, self._checkpointing_policy
+        )
+
+    def fit(self, *args, **kwargs):
+        if self._checkpointing_policy is not None and self.built:
+            self._ensure_checkpointing()
+        return super().fit(*args, **kwargs)
+
+    def train_step(self, data):
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        batch = static_batch_size(x)
+        plan = plan_micro_batches(
+            batch, self._accumulation_steps, self._micro_batch_size
+        )
+        return _window.run_window(self, x, y, sample_weight, plan)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "accumulation_steps": self._accumulation_steps,
+                "micro_batch_size": self._micro_batch_size,
+                "checkpointing": _serializable_policy(
+                    self._checkpointing_policy
+                ),
+            }
+        )
+        return config
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        settings = {k: config.pop(k, None) for k in _CONFIG_KEYS}
+        if "layers" in config and "input_layers" in config:
+            model = super().from_config(config, custom_objects=custom_objects)
+            model._accumulation_steps = settings["accumulation_steps"]
+            model._micro_batch_size = settings["micro_batch_size"]
+            model._checkpointing_policy = settings["checkpointing"]
+            if settings["checkpointing"] is not None:
+                model._ensure_checkpointing()
+            return model
+        return cls(**config, **settings)
+
+
+def _serializable_policy(policy):
+    if policy is None or isinstance(policy, str):
+        return policy
+    return None
