@@ -7,6 +7,9 @@ and tools that measure and plan memory. TensorFlow + Keras 3.
 
 __version__ = "0.1.0.dev0"
 
+# --- distribution (issue 6) -----------------------------------------------
+from tfmemopt import distribute  # noqa: E402
+
 # --- memory tools (shared) ------------------------------------------------
 from tfmemopt import memory  # noqa: E402
 from tfmemopt._wrapped import WrappedModel  # noqa: E402,I001
@@ -17,6 +20,7 @@ from tfmemopt.model import Model  # noqa: E402
 __all__ = [
     "__version__",
     "memory",
+    "distribute",
     "Model",
     "WrappedModel",
 ]

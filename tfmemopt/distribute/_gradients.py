@@ -1,0 +1,162 @@
+"""Gradient fixes that need the replicas to agree, called before `apply`.
+
+Two Keras 3 behaviours make multi-replica training differ from one device:
+
+- `LossScaleOptimizer` decides "finite or not" from replica 0's local
+  gradients (before the all-reduce). An inf on replica 1 is then applied
+  (weights become inf/nan) and the scale is not lowered. `sync_non_finite`
+  all-reduces a count of non-finite values (one scalar) and, when any replica
+  has one, makes every replica's gradients non-finite, so the optimizer
+  skips the step everywhere and halves the scale, as on one device.
+- `clipnorm`, `clipvalue` and `global_clipnorm` act on each replica's local
+  gradients before the all-reduce. `clip_after_all_reduce` all-reduces the
+  gradients itself, clips the sum as one device would, and hands the
+  optimizer `clipped_sum / replicas`; the optimizer's own all-reduce then
+  rebuilds `clipped_sum`, and its own clipping no longer changes anything
+  (the norm is below the threshold by a factor `replicas`). Cost: one more
+  all-reduce of the gradients per update, only when clipping is set.
+
+`prepare_gradients` runs both as needed; with one replica it returns the
+gradients unchanged. Call it in the replica context, after accumulation.
+"""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+
+def _replica_context():
+    if tf.distribute.in_cross_replica_context():
+        raise ValueError(
+            "tfmemopt.distribute gradient helpers must be called in a replica "
+            "context (inside `train_step`, i.e. inside `strategy.run`), not "
+            "in the cross-replica context."
+        )
+    return tf.distribute.get_replica_context()
+
+
+def _inner(optimizer):
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return optimizer.inner_optimizer
+    return optimizer
+
+
+def _loss_scale(optimizer):
+    if not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return None
+    if optimizer.built:
+        return tf.cast(optimizer.dynamic_scale, tf.float32)
+    return tf.constant(float(optimizer.initial_scale), tf.float32)
+
+
+def count_non_finite(grads) -> tf.Tensor:
+    """Number of non-finite entries in `grads` (a float32 scalar)."""
+    counts = [
+        tf.reduce_sum(tf.cast(tf.logical_not(tf.math.is_finite(g)), tf.float32))
+        for g in grads
+        if g is not None
+    ]
+    if not counts:
+        return tf.constant(0.0)
+    return tf.add_n(counts)
+
+
+def sync_non_finite(grads):
+    """Makes every replica's gradients non-finite when any replica's are.
+
+    Cost: one scalar all-reduce. With one replica, returns `grads` as is.
+
+    Args:
+        grads: List of gradient tensors (`None` allowed), local to a replica.
+
+    Returns:
+        The gradients, multiplied by NaN on every replica when any replica
+        has a non-finite entry, else unchanged.
+    """
+    ctx = _replica_context()
+    if ctx.num_replicas_in_sync <= 1:
+        return grads
+    bad = ctx.all_reduce(tf.distribute.ReduceOp.SUM, count_non_finite(grads))
+    poison = tf.where(bad > 0, float("nan"), 1.0)
+    return [None if g is None else g * tf.cast(poison, g.dtype) for g in grads]
+
+
+def clipping_of(optimizer):
+    """`(kind, value)` of the optimizer's clipping, or `None` when unset."""
+    inner = _inner(optimizer)
+    for kind in ("global_clipnorm", "clipnorm", "clipvalue"):
+        value = getattr(inner, kind, None)
+        if value is not None and value > 0:
+            return kind, float(value)
+    return None
+
+
+def _clip(grads, kind, value, scale):
+    # `grads` may carry the loss scale: thresholds apply to unscaled values.
+    limit = value if scale is None else value * scale
+    if kind == "clipvalue":
+        return [
+            None if g is None else tf.clip_by_value(g, -limit, limit)
+            for g in grads
+        ]
+    if kind == "clipnorm":
+        return [None if g is None else tf.clip_by_norm(g, limit) for g in grads]
+    present = [g for g in grads if g is not None]
+    clipped, _ = tf.clip_by_global_norm(present, limit)
+    it = iter(clipped)
+    return [None if g is None else next(it) for g in grads]
+
+
+def clip_after_all_reduce(grads, optimizer):
+    """Clips the all-reduced gradients as one device would.
+
+    Cost: one all-reduce of all gradients (on top of the optimizer's).
+
+    Args:
+        grads: List of local gradient tensors (`None` allowed).
+        optimizer: The model's `keras.optimizers.Optimizer` (a
+            `LossScaleOptimizer` is looked through).
+
+    Returns:
+        `clipped(sum over replicas) / replicas` per gradient, or `grads`
+        unchanged with one replica or no clipping set.
+    """
+    ctx = _replica_context()
+    setting = clipping_of(optimizer)
+    replicas = ctx.num_replicas_in_sync
+    if replicas <= 1 or setting is None:
+        return grads
+    present = [g for g in grads if g is not None]
+    summed = ctx.all_reduce(tf.distribute.ReduceOp.SUM, present)
+    it = iter(summed)
+    summed = [None if g is None else next(it) for g in grads]
+    clipped = _clip(summed, *setting, scale=_loss_scale(optimizer))
+    return [
+        None if g is None else g / tf.cast(replicas, g.dtype) for g in clipped
+    ]
+
+
+def prepare_gradients(grads, optimizer):
+    """Makes the update equal one device's under any strategy.
+
+    With clipping set, clips after an all-reduce (which also spreads any
+    non-finite value to every replica). Otherwise, under a
+    `LossScaleOptimizer`, synchronises the non-finite check. With one
+    replica, returns `grads` unchanged.
+
+    Args:
+        grads: List of local gradient tensors (`None` allowed).
+        optimizer: The model's optimizer.
+
+    Returns:
+        A list of gradients to pass to `optimizer.apply_gradients`.
+    """
+    ctx = _replica_context()
+    if ctx.num_replicas_in_sync <= 1:
+        return list(grads)
+    if clipping_of(optimizer) is not None:
+        return clip_after_all_reduce(grads, optimizer)
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return sync_non_finite(grads)
+    return list(grads)

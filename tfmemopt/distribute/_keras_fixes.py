@@ -1,0 +1,114 @@
+"""Fixes for Keras 3 `fit` under `MultiWorkerMirroredStrategy`.
+
+Keras 3.x `fit` fails twice with two or more workers (keras-team/keras#20585,
+tensorflow/tensorflow#72388):
+
+1. `_maybe_symbolic_build` takes the first batch from the distributed iterator
+   and calls `strategy.reduce("MEAN", batch, axis=None)` on it; under
+   MultiWorkerMirroredStrategy that reduce cannot take a `PerReplica` batch
+   ("Attempt to convert a value (PerReplica...)"). Building only needs the
+   shapes and dtypes of one replica's batch, so we take the first local one.
+2. The step's logs are reduced with `strategy.reduce("MEAN", v, axis=0)`,
+   which fails on scalar logs ("Invalid reduction dimension 0"). We give each
+   log a leading axis of length 1 inside the replica; the reduce then returns
+   the mean over replicas as a scalar, which is what Keras meant.
+
+`MultiWorkerFitFixes` is a mixin for `keras.Model` subclasses; `expand_logs`
+is the hook a custom `train_step` calls on what it returns.
+"""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+
+def in_multi_worker_mode(strategy=None) -> bool:
+    """True under a MultiWorkerMirroredStrategy that spans several workers."""
+    strategy = strategy or tf.distribute.get_strategy()
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return False
+    extended = strategy.extended
+    probe = getattr(extended, "_in_multi_worker_mode", None)
+    if probe is not None:
+        return bool(probe())
+    return strategy.cluster_resolver.cluster_spec().num_tasks("worker") > 1
+
+
+def expand_logs(logs):
+    """Gives scalar logs a leading axis of 1 under multi-worker strategies.
+
+    Called inside the replica on what `train_step`/`test_step` return. Keras
+    then reduces each value with `strategy.reduce("MEAN", v, axis=0)`, which
+    yields the mean over replicas as a scalar. Outside multi-worker mode the
+    logs are returned unchanged.
+
+    Args:
+        logs: Dict (or nest) of tensors returned by a train or test step.
+
+    Returns:
+        The same structure, scalars reshaped to `[1]` where needed.
+    """
+    if not in_multi_worker_mode():
+        return logs
+
+    def _expand(v):
+        if isinstance(v, (tf.Tensor, tf.Variable)) and v.shape.rank == 0:
+            return tf.reshape(v, [1])
+        return v
+
+    return tf.nest.map_structure(_expand, logs)
+
+
+def first_local_batch(batch, strategy):
+    """One replica's part of a distributed batch, for symbolic building."""
+
+    def _local(v):
+        if isinstance(v, tf.distribute.DistributedValues):
+            return strategy.experimental_local_results(v)[0]
+        return v
+
+    return tf.nest.map_structure(_local, batch)
+
+
+class MultiWorkerFitFixes:
+    """Mixin for `keras.Model` subclasses: makes `fit` work multi-worker.
+
+    Place it before `keras.Model` in the bases. It changes nothing outside a
+    multi-worker `MultiWorkerMirroredStrategy`. A subclass that defines its
+    own `train_step` must return `expand_logs(logs)`; `test_step` is handled
+    here when the subclass does not override it.
+    """
+
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        strategy = self._distribute_strategy
+        if iterator is None or strategy is None:
+            return super()._maybe_symbolic_build(
+                iterator=iterator, data_batch=data_batch
+            )
+        if not in_multi_worker_mode(strategy):
+            return super()._maybe_symbolic_build(
+                iterator=iterator, data_batch=data_batch
+            )
+        for _, _, it in iterator:
+            data_batch = first_local_batch(next(it), strategy)
+            break
+        with strategy.scope():
+            self._symbolic_build(data_batch=data_batch)
+
+    def test_step(self, data):
+        return expand_logs(super().test_step(data))
+
+
+def fixed_keras_model_class(base=keras.Model):
+    """A subclass of `base` with the multi-worker fixes (for tests, examples).
+
+    Its `train_step` is Keras's own with `expand_logs` applied.
+    """
+
+    class _Fixed(MultiWorkerFitFixes, base):
+        def train_step(self, data):
+            return expand_logs(super().train_step(data))
+
+    _Fixed.__name__ = f"MultiWorker{base.__name__}"
+    return _Fixed
