@@ -1,0 +1,174 @@
+"""tfmemopt.mixed_precision: policy per hardware, global state, restore."""
+
+import keras
+import pytest
+import tensorflow as tf
+from conftest import run_in_subprocess
+
+from tfmemopt import mixed_precision as mp
+from tfmemopt.mixed_precision import Hardware
+
+
+@pytest.mark.parametrize(
+    "hardware, expected",
+    [
+        (Hardware("tpu", "TPU v4", None, 8), "mixed_bfloat16"),
+        (Hardware("gpu", "A100", (8, 0)), "mixed_bfloat16"),
+        (Hardware("gpu", "H100", (9, 0)), "mixed_bfloat16"),
+        (Hardware("gpu", "V100", (7, 0)), "mixed_float16"),
+        (Hardware("gpu", "T4", (7, 5)), "mixed_float16"),
+        (Hardware("gpu", "P100", (6, 0)), "float32"),
+        (Hardware("gpu", "unknown GPU", None), "float32"),
+        (Hardware("cpu", "EPYC"), "float32"),
+    ],
+)
+def test_auto_policy_per_hardware_becomes_global(hardware, expected):
+    chosen = mp.configure("auto", hardware=hardware)
+    assert chosen.policy == expected
+    assert not chosen.forced
+    assert hardware.name in chosen.reason
+    # It really is Keras's global policy: new layers take it.
+    assert keras.config.dtype_policy().name == expected
+    layer = keras.layers.Dense(4)
+    assert layer.dtype_policy.name == expected
+    assert layer.variable_dtype == "float32"
+    assert chosen.loss_scaling == (expected == "mixed_float16")
+    chosen.restore()
+    assert keras.config.dtype_policy().name == "float32"
+
+
+def test_cpu_reason_explains_float32_and_how_to_force():
+    chosen = mp.configure(hardware="cpu")
+    assert chosen.policy == "float32"
+    assert "configure('mixed_bfloat16')" in chosen.reason
+
+
+@pytest.mark.parametrize(
+    "policy", ["float32", "mixed_float16", "mixed_bfloat16"]
+)
+def test_forced_policy_wins_over_hardware(policy):
+    chosen = mp.configure(policy, hardware="v100")
+    assert chosen.forced
+    assert chosen.policy == policy
+    assert keras.config.dtype_policy().name == policy
+    assert "forced" in chosen.reason and "mixed_float16" in chosen.reason
+    assert str(chosen).startswith(f"{policy} (forced)")
+
+
+def test_context_manager_restores_previous_policy():
+    keras.config.set_dtype_policy("mixed_float16")
+    with mp.configure("mixed_bfloat16", hardware="cpu") as chosen:
+        inner = keras.layers.Dense(2)
+        assert keras.config.dtype_policy().name == "mixed_bfloat16"
+    assert chosen.previous.name == "mixed_float16"
+    assert keras.config.dtype_policy().name == "mixed_float16"
+    assert inner.compute_dtype == "bfloat16"
+    assert "bfloat16 is not native" in chosen.reason
+
+
+def test_restore_on_exception():
+    with pytest.raises(RuntimeError, match="boom"):
+        with mp.configure("mixed_float16", hardware="cpu"):
+            raise RuntimeError("boom")
+    assert keras.config.dtype_policy().name == "float32"
+
+
+class _FakeDevice:
+    def __init__(self, name):
+        self.name = name
+        self.device_type = name.split(":")[-2]
+
+
+def _fake_gpus(monkeypatch, capabilities):
+    gpus = [_FakeDevice(f"/physical_device:GPU:{i}") for i in range(2)]
+    gpus = gpus[: len(capabilities)]
+    real = tf.config.list_physical_devices
+    details = dict(zip((g.name for g in gpus), capabilities))
+
+    def list_physical(kind=None):
+        return gpus if kind == "GPU" else real(kind)
+
+    def device_details(device):
+        cc = details[device.name]
+        return {"device_name": "Fake GPU", "compute_capability": cc}
+
+    monkeypatch.setattr(tf.config, "list_physical_devices", list_physical)
+    monkeypatch.setattr(
+        tf.config.experimental, "get_device_details", device_details
+    )
+
+
+def test_detection_reads_gpu_compute_capability(monkeypatch):
+    _fake_gpus(monkeypatch, [(8, 6)])
+    found = mp.detect_hardware()
+    assert (found.kind, found.compute_capability) == ("gpu", (8, 6))
+    assert mp.configure().policy == "mixed_bfloat16"
+
+
+def test_detection_takes_the_slowest_gpu(monkeypatch):
+    _fake_gpus(monkeypatch, [(8, 0), (7, 0)])
+    found = mp.detect_hardware()
+    assert found.compute_capability == (7, 0) and found.count == 2
+    assert mp.configure().policy == "mixed_float16"
+
+
+def test_detection_sees_local_tpus(monkeypatch):
+    real = tf.config.list_physical_devices
+    tpus = [_FakeDevice(f"/physical_device:TPU:{i}") for i in range(4)]
+    monkeypatch.setattr(
+        tf.config,
+        "list_physical_devices",
+        lambda kind=None: tpus if kind == "TPU" else real(kind),
+    )
+    found = mp.detect_hardware()
+    assert (found.kind, found.count) == ("tpu", 4)
+    assert mp.configure().policy == "mixed_bfloat16"
+
+
+@pytest.mark.timeout(60)
+def test_unserved_tpu_address_is_never_probed(monkeypatch):
+    # A grpc:// address nobody serves hangs TPUClusterResolver for minutes.
+    monkeypatch.setenv("TPU_NAME", "grpc://10.255.255.1:8470")
+    found = mp.detect_hardware()
+    assert found.kind == "cpu"
+    assert "TPU_NAME is set" in found.note
+    assert "TPU_NAME" in mp.configure().reason
+
+
+@pytest.mark.slow
+def test_detection_leaves_runtime_uninitialised():
+    # Logical devices can only be configured before TF initialises.
+    result = run_in_subprocess(
+        """
+        from tfmemopt import mixed_precision as mp
+        found = mp.detect_hardware()
+        chosen = mp.configure("auto")
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+        emit([found.kind, chosen.policy,
+              len(tf.config.list_logical_devices("CPU"))])
+        """,
+        n_cpus=1,
+        timeout=120,
+    )
+    assert result == ["cpu", "float32", 2]
+
+
+def test_unknown_policy_lists_the_valid_ones():
+    with pytest.raises(ValueError, match="mixed_fp16.*Valid policies: 'auto'"):
+        mp.configure("mixed_fp16")
+    with pytest.raises(ValueError, match="'mixed_float16', 'mixed_bfloat16'"):
+        mp.configure("fp16")
+    assert keras.config.dtype_policy().name == "float32"
+
+
+def test_bad_types_and_hardware():
+    with pytest.raises(TypeError, match="policy=3 \\(of type int\\)"):
+        mp.configure(3)
+    with pytest.raises(
+        ValueError, match="one of \\['a100'.*Received: hardware='k80'"
+    ):
+        mp.configure(hardware="k80")
+    with pytest.raises(ValueError, match="kind='npu'"):
+        Hardware("npu")
