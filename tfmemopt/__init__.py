@@ -14,6 +14,12 @@ from tfmemopt import distribute  # noqa: E402
 from tfmemopt import memory  # noqa: E402
 from tfmemopt._wrapped import WrappedModel  # noqa: E402,I001
 
+# --- mixed precision and advice (issue 5) ---------------------------------
+from tfmemopt import mixed_precision  # noqa: E402
+from tfmemopt.advice import check_alignment  # noqa: E402
+from tfmemopt.advice import check_precision  # noqa: E402
+from tfmemopt.findings import pad_to_multiple  # noqa: E402
+
 # --- exact gradient accumulation (issue 2) --------------------------------
 from tfmemopt.model import Model  # noqa: E402
 
@@ -23,4 +29,8 @@ __all__ = [
     "distribute",
     "Model",
     "WrappedModel",
+    "mixed_precision",
+    "check_precision",
+    "check_alignment",
+    "pad_to_multiple",
 ]

@@ -1,0 +1,353 @@
+"""Advice on a model: precision traps and tensor-core-unfriendly dimensions.
+
+`check_precision` and `check_alignment` read a built model (no training, no
+data) and return `Findings`: a list of `Finding` objects that print as one
+line each, and as a table with `table()`.
+"""
+
+from __future__ import annotations
+
+import keras
+
+from tfmemopt import mixed_precision as _mp
+from tfmemopt.findings import Finding
+from tfmemopt.findings import Findings
+from tfmemopt.findings import pad_to_multiple
+from tfmemopt.findings import walk_layers
+
+SIXTEEN_BIT = ("float16", "bfloat16")
+# Dimensions at least this large count as "large matrices", for which
+# A100/H100 prefer multiples of 64 (128 bytes of 16-bit values).
+LARGE_DIM = 1024
+_SOFTMAX_NAMES = ("softmax", "log_softmax")
+
+__all__ = [
+    "Finding",
+    "Findings",
+    "check_alignment",
+    "check_precision",
+    "pad_to_multiple",
+]
+
+
+def _output_layers(model) -> dict:
+    """{id(layer): (layer, output dtype)} for layers producing outputs."""
+    found = {}
+    try:
+        outputs = keras.tree.flatten(model.outputs)
+    except (AttributeError, ValueError, TypeError):
+        outputs = []
+    for out in outputs:
+        history = getattr(out, "_keras_history", None)
+        layer = getattr(history, "operation", None)
+        if layer is not None:
+            found[id(layer)] = (layer, str(out.dtype))
+    if not found:
+        # Subclassed model: the last layer is the best guess we have.
+        layers = list(getattr(model, "layers", []))
+        if layers:
+            found[id(layers[-1])] = (layers[-1], layers[-1].compute_dtype)
+    return found
+
+
+def _softmax_of(layer) -> str | None:
+    if isinstance(layer, keras.layers.Softmax):
+        return "softmax"
+    name = getattr(getattr(layer, "activation", None), "__name__", None)
+    return name if name in _SOFTMAX_NAMES else None
+
+
+_HEAVY = (
+    keras.layers.Dense,
+    keras.layers.EinsumDense,
+    keras.layers.Embedding,
+    keras.layers.MultiHeadAttention,
+    keras.layers.Conv1D,
+    keras.layers.Conv2D,
+    keras.layers.Conv3D,
+    keras.layers.Conv1DTranspose,
+    keras.layers.Conv2DTranspose,
+    keras.layers.Conv3DTranspose,
+    keras.layers.SeparableConv1D,
+    keras.layers.SeparableConv2D,
+    keras.layers.DepthwiseConv1D,
+    keras.layers.DepthwiseConv2D,
+    keras.layers.LSTM,
+    keras.layers.GRU,
+)
+
+
+def check_precision(model, optimizer=None) -> Findings:
+    """Finds mixed-precision traps in a built model.
+
+    Reports: outputs computed in 16 bits (losses then see rounded values);
+    softmax/log-softmax computed in 16 bits (probabilities underflow);
+    `float16` compute without loss scaling (small gradients flush to zero);
+    compute-heavy layers pinned to float32 inside a mixed model (slower and
+    twice the activation memory, for nothing). The output layers, softmax
+    and normalisation layers may stay float32. Costs one pass over the
+    layers; runs nothing.
+
+    Args:
+        model: A built `keras.Model`.
+        optimizer: Defaults to `None` (use `model.optimizer` if compiled).
+            The optimizer of a custom training loop, to check loss scaling.
+
+    Returns:
+        `Findings` (empty when nothing is wrong).
+
+    Example:
+
+    >>> keras.config.set_dtype_policy("mixed_bfloat16")
+    >>> inputs = keras.Input((8,))
+    >>> outputs = keras.layers.Dense(4, activation="softmax")(inputs)
+    >>> keras.config.set_dtype_policy("float32")
+    >>> check_precision(keras.Model(inputs, outputs)).codes
+    ['output-16bit', 'softmax-16bit']
+    """
+    if not isinstance(model, keras.Model):
+        raise TypeError(
+            "`model` must be a built keras.Model. Received: "
+            f"model={model!r} (of type {type(model).__name__})."
+        )
+    findings = Findings()
+    layers = walk_layers(model)
+    outputs = _output_layers(model)
+    for layer, dtype in outputs.values():
+        if dtype in SIXTEEN_BIT:
+            findings.append(
+                Finding(
+                    "output-16bit",
+                    "warning",
+                    layer.name,
+                    f"the model output is computed in {dtype}: create this "
+                    "layer with dtype='float32', or end the model with "
+                    "keras.layers.Activation('linear', dtype='float32').",
+                )
+            )
+    for layer in layers:
+        kind = _softmax_of(layer)
+        if kind and layer.compute_dtype in SIXTEEN_BIT:
+            findings.append(
+                Finding(
+                    "softmax-16bit",
+                    "warning",
+                    layer.name,
+                    f"{kind} is computed in {layer.compute_dtype}: small "
+                    "probabilities underflow; create the layer with "
+                    "dtype='float32' (or split off a float32 "
+                    f"keras.layers.Activation('{kind}', dtype='float32')).",
+                )
+            )
+    compute = {layer.compute_dtype for layer in layers}
+    if optimizer is None:
+        optimizer = getattr(model, "optimizer", None)
+    if (
+        "float16" in compute
+        and optimizer is not None
+        and not isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+    ):
+        findings.append(
+            Finding(
+                "no-loss-scaling",
+                "warning",
+                "<model>",
+                "float16 compute without loss scaling: small gradients "
+                "flush to zero. compile() with auto_scale_loss=True (the "
+                "default), or wrap a custom loop's optimizer in "
+                "keras.optimizers.LossScaleOptimizer and use its "
+                "scale_loss().",
+            )
+        )
+    if compute & set(SIXTEEN_BIT):
+        for layer in layers:
+            pinned = layer.dtype_policy.name == "float32"
+            if (
+                pinned
+                and isinstance(layer, _HEAVY)
+                and id(layer) not in outputs
+                and _softmax_of(layer) is None
+            ):
+                findings.append(
+                    Finding(
+                        "needless-float32",
+                        "info",
+                        layer.name,
+                        "pinned to float32 in a mixed-precision model: it "
+                        "runs without tensor cores and keeps float32 "
+                        "activations. Drop dtype='float32' unless it must "
+                        "be exact.",
+                    )
+                )
+    return findings
+
+
+def _compute_dtype(model, policy) -> str:
+    if policy is None:
+        dtypes = [layer.compute_dtype for layer in walk_layers(model)]
+        sixteen = [d for d in dtypes if d in SIXTEEN_BIT]
+        if sixteen:
+            return max(set(sixteen), key=sixteen.count)
+        return keras.config.dtype_policy().compute_dtype
+    try:
+        return keras.DTypePolicy(policy).compute_dtype
+    except (ValueError, TypeError) as e:
+        raise ValueError(
+            "`policy` must be None (read it from the model) or a Keras dtype "
+            "policy such as 'float32', 'mixed_float16', 'mixed_bfloat16'. "
+            f"Received: policy={policy!r}."
+        ) from e
+
+
+def alignment_target(hardware, compute_dtype: str):
+    """(multiple, multiple for large dims, why) for this hardware and dtype.
+
+    `(None, None, why)` when the dimensions do not matter there.
+    """
+    sixteen = compute_dtype in SIXTEEN_BIT
+    if hardware.kind == "tpu":
+        return 128, 128, "the TPU's matrix units are 128x128"
+    if hardware.tensor_cores and sixteen:
+        large = 64 if hardware.bfloat16_native else 8
+        return 8, large, f"{compute_dtype} tensor cores on {hardware}"
+    if hardware.bfloat16_native and not sixteen:
+        return 4, 4, f"TF32 tensor cores on {hardware}"
+    return None, None, f"no tensor cores used on {hardware} ({compute_dtype})"
+
+
+def _dims(layer, multiple) -> list:
+    """[(attribute, value, multiple or None for the target)] of `layer`."""
+    if isinstance(layer, keras.layers.Dense):
+        return [("units", layer.units, None)]
+    if isinstance(layer, keras.layers.Embedding):
+        return [
+            ("vocabulary", layer.input_dim, None),
+            ("embedding dim", layer.output_dim, None),
+        ]
+    if isinstance(layer, keras.layers.MultiHeadAttention):
+        # The per-head dot products need only the 16-bit multiple (8);
+        # the projections are heads x key_dim wide.
+        small = min(multiple, 8)
+        dims = [("key_dim", layer.key_dim, small)]
+        dims.append(("heads x key_dim", layer.num_heads * layer.key_dim, None))
+        value_dim = layer.value_dim
+        if value_dim and value_dim != layer.key_dim:
+            dims.append(("value_dim", value_dim, small))
+        return dims
+    filters = getattr(layer, "filters", None)
+    if isinstance(layer, _HEAVY) and isinstance(filters, int):
+        return [("filters", filters, None)]
+    return []
+
+
+def check_alignment(
+    model,
+    batch_size: int | None = None,
+    policy=None,
+    hardware="auto",
+    min_dim: int = 16,
+) -> Findings:
+    """Finds dimensions that keep matmuls off the tensor cores.
+
+    16-bit tensor cores want multiples of 8 (A100/H100 prefer 64 for
+    dimensions >= 1024), TF32 multiples of 4, TPUs multiples of 128 and a
+    per-core batch that is a multiple of 8. Checks Dense units, Conv
+    filters, Embedding vocabulary and width, attention key_dim and
+    heads x key_dim, and the batch size. Each finding gives the value, the
+    padded value (`pad_to_multiple`) and what the padding costs in %. Costs
+    one pass over the layers; runs nothing.
+
+    Args:
+        model: A built `keras.Model`.
+        batch_size: Int, defaults to `None` (not checked). Global batch.
+        policy: Defaults to `None` (the model's 16-bit compute dtype if any
+            layer has one, else Keras's global policy). A dtype policy name.
+        hardware: Defaults to `"auto"` (detect). A
+            `tfmemopt.mixed_precision.Hardware` or a preset name such as
+            `"v100"`, `"a100"`, `"h100"`, `"tpu"`, `"cpu"`.
+        min_dim: Int, defaults to `16`. Smaller dimensions are ignored,
+            and so is any dimension smaller than its multiple (the hardware
+            pads those itself; padding them by hand gains nothing).
+
+    Returns:
+        `Findings`; empty on hardware where dimensions do not matter (CPU,
+        GPUs without tensor cores).
+
+    Example:
+
+    >>> inputs = keras.Input((16,), dtype="int32")
+    >>> x = keras.layers.Embedding(50257, 768)(inputs)
+    >>> model = keras.Model(inputs, x)
+    >>> f = check_alignment(model, policy="mixed_bfloat16", hardware="a100")
+    >>> f[0].suggested, round(f[0].cost_pct, 2)
+    (50304, 0.09)
+    """
+    if not isinstance(model, keras.Model):
+        raise TypeError(
+            "`model` must be a built keras.Model. Received: "
+            f"model={model!r} (of type {type(model).__name__})."
+        )
+    if batch_size is not None and (
+        isinstance(batch_size, bool)
+        or not isinstance(batch_size, int)
+        or batch_size < 1
+    ):
+        raise ValueError(
+            "`batch_size` must be None or an int >= 1 (the global batch). "
+            f"Received: batch_size={batch_size!r}."
+        )
+    hw = _mp._resolve_hardware(hardware)
+    dtype = _compute_dtype(model, policy)
+    multiple, large, why = alignment_target(hw, dtype)
+    findings = Findings()
+    if multiple is None:
+        return findings
+
+    def check(layer_name, kind, attribute, value, target=None):
+        if value is None or value < min_dim:
+            return
+        want = target or (large if value >= LARGE_DIM else multiple)
+        # Below one tile the hardware pads anyway: nothing to gain.
+        if value < want or value % want == 0:
+            return
+        suggested = pad_to_multiple(int(value), want)
+        cost = 100.0 * (suggested - value) / value
+        severity = "warning" if value % min(want, multiple) else "info"
+        findings.append(
+            Finding(
+                "alignment",
+                severity,
+                layer_name,
+                f"{kind} {attribute}={value} is not a multiple of {want} "
+                f"({why}); use {suggested} (+{cost:.2f}% padding).",
+                attribute,
+                int(value),
+                suggested,
+                cost,
+            )
+        )
+
+    for layer in walk_layers(model):
+        for attribute, value, target in _dims(layer, multiple):
+            check(layer.name, type(layer).__name__, attribute, value, target)
+    if batch_size is not None:
+        # The per-device batch is the matmuls' M dimension.
+        per_device = 8 * hw.count
+        if batch_size % per_device:
+            suggested = pad_to_multiple(int(batch_size), per_device)
+            cost = 100.0 * (suggested - batch_size) / batch_size
+            findings.append(
+                Finding(
+                    "alignment",
+                    "warning",
+                    "<batch>",
+                    f"batch_size={batch_size} over {hw.count} device(s) is "
+                    f"not a multiple of 8 per device ({why}); use "
+                    f"{suggested} (+{cost:.2f}%), or accumulate gradients.",
+                    "batch_size",
+                    int(batch_size),
+                    suggested,
+                    cost,
+                )
+            )
+    return findings
