@@ -23,6 +23,10 @@ from tfmemopt.findings import pad_to_multiple  # noqa: E402
 # --- exact gradient accumulation (issue 2) --------------------------------
 from tfmemopt.model import Model  # noqa: E402
 
+# --- memory estimator (issue 8) ------------------------------------------
+from tfmemopt.estimate import MemoryEstimate  # noqa: E402
+from tfmemopt.estimate import estimate_memory  # noqa: E402
+
 __all__ = [
     "__version__",
     "memory",
@@ -33,4 +37,6 @@ __all__ = [
     "check_precision",
     "check_alignment",
     "pad_to_multiple",
+    "estimate_memory",
+    "MemoryEstimate",
 ]

@@ -1,0 +1,328 @@
+"""The graph of one training step, and the memory it needs over time.
+
+`trace_step` traces forward + loss + `tape.gradient` of a built Keras model
+into a `tf.function` graph at a fixed batch size (nothing is executed, no
+activation memory is allocated), then:
+
+- finds the activations kept for the backward pass: forward tensors that a
+  gradient op reads (TensorFlow's own gradient functions decide this, so
+  every op is covered: Dense, Conv, normalisation, Dropout masks, attention
+  scores, embedding gathers, ...);
+- attributes them to the layer whose name scope produced them;
+- simulates the step in graph order with reference counts (a tensor is freed
+  after its last reader; aliases such as Reshape share their input's
+  buffer) to get the peak of live bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+
+import keras
+import tensorflow as tf
+
+# Ops whose output shares its input's buffer.
+_ALIAS = {
+    "Identity",
+    "IdentityN",
+    "Reshape",
+    "Squeeze",
+    "ExpandDims",
+    "StopGradient",
+    "Snapshot",
+    "EnsureShape",
+    "PreventGradient",
+    "ReadVariableOp",
+}
+# Ops whose outputs are tiny or not device buffers.
+_FREE = {
+    "Const",
+    "Shape",
+    "ShapeN",
+    "Size",
+    "Rank",
+    "VarHandleOp",
+    "NoOp",
+    "BroadcastGradientArgs",
+    "ReadVariableOp",
+}
+_SUFFIX = re.compile(r"_\d+$")
+
+
+@dataclasses.dataclass
+class StepGraph:
+    """What one traced training step holds (bytes)."""
+
+    peak: int
+    inputs: int
+    saved: int
+    gradients: int
+    # (layer path, bytes kept for backward) in forward order.
+    saved_by_layer: list
+    # depth -> (units in forward order, saved bytes per unit, bytes of
+    # each unit's output read by later units): the candidate segments.
+    segments: dict
+    # Layers with kept tensors of unknown size (while loops, dynamic shapes).
+    unknown: list
+
+
+def _nbytes(t, scale=None) -> int | None:
+    if t.dtype in (tf.resource, tf.variant):
+        return None
+    shape = t.shape
+    if shape.rank is None or any(d is None for d in shape.as_list()):
+        return None
+    n = math.prod(shape.as_list()) * t.dtype.size
+    if scale is not None:
+        n = int(n * scale(t))
+    return n
+
+
+def _all_layer_names(model) -> set:
+    flatten = getattr(model, "_flatten_layers", None)
+    if flatten is not None:
+        layers = flatten(include_self=True, recursive=True)
+    else:  # pragma: no cover - every Keras 3 layer has it
+        layers = [model] + list(getattr(model, "layers", []))
+    return {layer.name for layer in layers}
+
+
+def _layer_of(component: str, names: set) -> str:
+    """Scope names are uniquified (`dense_1_2`); map back to a layer name.
+
+    In a fresh `tf.function` graph each Keras layer scope carries one extra
+    `_N` suffix (layer `dense` -> scope `dense_1`, `dense_1` -> `dense_1_2`),
+    so one suffix is stripped first.
+    """
+    once = _SUFFIX.sub("", component)
+    if once != component and once in names:
+        return once
+    name = component
+    while name not in names and _SUFFIX.search(name):
+        name = _SUFFIX.sub("", name)
+    return name if name in names else component
+
+
+def input_specs(model, batch_size: int):
+    """TensorSpecs for the model's inputs at `batch_size`, or ValueError."""
+    inputs = None
+    try:
+        inputs = model.inputs
+    except (AttributeError, ValueError):
+        inputs = None
+    if inputs:
+        shapes = [(tuple(i.shape), i.dtype) for i in inputs]
+    else:
+        shapes = None
+        build = getattr(model, "_build_shapes_dict", None)
+        if model.built and build and len(build) == 1:
+            shape = next(iter(build.values()))
+            if shape is not None and not isinstance(shape, dict):
+                shapes = [(tuple(shape), "float32")]
+        if shapes is None:
+            raise ValueError(
+                f"Cannot estimate the memory of model {model.name!r}: it is "
+                "not built and has no known input shape. Fix: build it first, "
+                "e.g. `model.build((None, 32))`, call it once on a batch, or "
+                "start it with `keras.Input(shape=...)`."
+            )
+    specs = []
+    for shape, dtype in shapes:
+        if any(d is None for d in shape[1:]):
+            raise ValueError(
+                f"Model {model.name!r} has an input of shape {shape} with an "
+                "unknown dimension besides the batch; the estimator needs "
+                "every other dimension. Fix: build the model with a fixed "
+                "shape, e.g. `keras.Input(shape=(128,))`."
+            )
+        specs.append(tf.TensorSpec((batch_size,) + tuple(shape[1:]), dtype))
+    return specs
+
+
+def _loss_and_target_specs(model, batch_size):
+    loss = getattr(model, "loss", None)
+    try:
+        loss_fn = keras.losses.get(loss) if loss is not None else None
+    except (ValueError, TypeError):
+        loss_fn = None
+    if not callable(loss_fn):
+        loss_fn = keras.losses.MeanSquaredError()
+    name = getattr(loss_fn, "name", None) or getattr(loss_fn, "__name__", "")
+    sparse = "sparse" in str(name).lower()
+    specs = []
+    for out in model.outputs:
+        shape = (batch_size,) + tuple(out.shape[1:])
+        if sparse:
+            specs.append(tf.TensorSpec(shape[:-1], "int32"))
+        else:
+            specs.append(tf.TensorSpec(shape, "float32"))
+    return loss_fn, specs
+
+
+def trace_step(
+    model, batch_size: int, activation_itemsize: int | None = None
+) -> StepGraph:
+    """Traces one training step of `model` at `batch_size` and measures it.
+
+    Args:
+        model: a built Keras model.
+        batch_size: Int, the batch the step sees (per replica, per micro-
+            batch).
+        activation_itemsize: optional Int: bytes per element of the
+            model's floating activations (and their gradients) under another
+            dtype policy; weight gradients and the loss keep their dtype.
+    """
+    in_specs = input_specs(model, batch_size)
+    loss_fn, y_specs = _loss_and_target_specs(model, batch_size)
+    mark = {}
+
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            pred = model(x[0] if len(x) == 1 else x, training=True)
+            preds = pred if isinstance(pred, (list, tuple)) else [pred]
+            loss = 0.0
+            for p, t in zip(preds, y):
+                loss = loss + loss_fn(t, p)
+        mark["forward"] = len(tf.compat.v1.get_default_graph().get_operations())
+        return tape.gradient(loss, model.trainable_variables)
+
+    concrete = tf.function(step).get_concrete_function(in_specs, y_specs)
+    ops = concrete.graph.get_operations()
+    n_fwd = mark["forward"]
+    fwd_names = {op.name for op in ops[:n_fwd]}
+    names = _all_layer_names(model)
+    model_scope = None
+
+    def path_of(op_name):
+        parts = op_name.split("/")[:-1]
+        return tuple(_layer_of(p, names) for p in parts)
+
+    for op in ops[:n_fwd]:
+        parts = path_of(op.name)
+        if parts and parts[0] == model.name:
+            model_scope = op.name.split("/")[0]
+            break
+
+    out_names = {t.name for t in concrete.graph.outputs}
+    compute = tf.as_dtype(keras.backend.standardize_dtype(model.compute_dtype))
+    scopes = (model_scope + "/", "gradient_tape/" + str(model_scope) + "/")
+
+    def scale(t):
+        if (
+            activation_itemsize is None
+            or t.dtype != compute
+            or t.name in out_names
+            or not t.op.name.startswith(scopes)
+        ):
+            return 1.0
+        return activation_itemsize / t.dtype.size
+
+    # Forward tensors read by gradient ops: the activations kept.
+    saved = {}
+    unknown = []
+    for op in ops[n_fwd:]:
+        for t in op.inputs:
+            if t.op.name not in fwd_names or t.op.type in _FREE:
+                continue
+            if t.op.type == "Placeholder":
+                continue
+            saved[t.name] = t
+    saved_by_layer = []
+    for t in saved.values():
+        path = path_of(t.op.name)
+        n = _nbytes(t, scale)
+        if n is None:
+            label = "/".join(path[1:]) or t.op.name
+            if label not in unknown and t.dtype == tf.variant:
+                unknown.append(label)
+            continue
+        saved_by_layer.append((path[1:] if path else (), n))
+    segments = {}
+    for depth in (1, 2):
+        segments[depth] = _units_at(
+            depth, ops[:n_fwd], model_scope, path_of, saved_by_layer, scale
+        )
+
+    outputs = list(concrete.graph.outputs)
+    peak = _simulate(ops, outputs, scale)
+    inputs = sum(_nbytes(s_to_t) or 0 for s_to_t in concrete.graph.inputs)
+    grads = sum(_nbytes(t, None) or 0 for t in outputs)
+    return StepGraph(
+        peak=peak,
+        inputs=inputs,
+        saved=sum(n for _, n in saved_by_layer),
+        gradients=grads,
+        saved_by_layer=saved_by_layer,
+        segments=segments,
+        unknown=unknown,
+    )
+
+
+def _units_at(depth, fwd_ops, model_scope, path_of, saved_by_layer, scale):
+    """Layers at `depth` below the model, in order, with saved/output bytes."""
+    units, saved, outputs = [], {}, {}
+    if model_scope is None:
+        return units, saved, outputs
+    for op in fwd_ops:
+        if not op.name.startswith(model_scope + "/"):
+            continue
+        path = path_of(op.name)
+        if len(path) <= depth:
+            continue
+        unit = path[1 : depth + 1]
+        if unit not in saved:
+            units.append(unit)
+            saved[unit] = 0
+            outputs[unit] = 0
+        for t in op.inputs:
+            src = path_of(t.op.name)[1 : depth + 1]
+            if len(src) == depth and src != unit and src in outputs:
+                if t.op.type not in _FREE and t.op.type != "Placeholder":
+                    n = _nbytes(t, scale) or 0
+                    outputs[src] = max(outputs[src], n)
+    for path, n in saved_by_layer:
+        if tuple(path[:depth]) in saved:
+            saved[tuple(path[:depth])] += n
+    return units, saved, outputs
+
+
+def _simulate(ops, outputs, scale) -> int:
+    """Peak live bytes when `ops` run in order, freeing after last use."""
+    last = {}
+    for i, op in enumerate(ops):
+        for t in op.inputs:
+            last[t.name] = i
+    keep = {t.name for t in outputs}
+    buffer_of, size, holders = {}, {}, {}
+    live = peak = 0
+    for i, op in enumerate(ops):
+        for t in op.outputs:
+            if t.name not in last and t.name not in keep:
+                continue
+            if op.type in _ALIAS and op.inputs:
+                src = buffer_of.get(op.inputs[0].name)
+                if src is not None:
+                    buffer_of[t.name] = src
+                    holders[src].add(t.name)
+                    continue
+            if op.type in _FREE:
+                continue
+            n = _nbytes(t, scale) or 0
+            buffer_of[t.name] = t.name
+            size[t.name] = n
+            holders[t.name] = {t.name}
+            live += n
+        peak = max(peak, live)
+        for t in op.inputs:
+            if last.get(t.name) != i or t.name in keep:
+                continue
+            src = buffer_of.get(t.name)
+            if src is None or src not in holders:
+                continue
+            holders[src].discard(t.name)
+            if not holders[src]:
+                live -= size.pop(src)
+                del holders[src]
+    return peak

@@ -1,0 +1,408 @@
+"""How much memory one training step needs, before running it.
+
+`estimate_memory` counts parameters, gradients, optimizer state,
+accumulation buffers, the inputs, the activations kept for the backward
+pass and the temporaries of the backward pass, for the settings tfmemopt
+offers: mixed precision, activation checkpointing, gradient accumulation
+and data-parallel replicas. Activations come from the real TensorFlow
+gradient graph of the model (traced, not run), so every layer is covered.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+
+import keras
+
+from tfmemopt._optimizer_state import _itemsize
+from tfmemopt._optimizer_state import optimizer_state_bytes
+from tfmemopt._optimizer_state import resolve_optimizer
+from tfmemopt._step_graph import trace_step
+
+_FIELDS = (
+    "parameters",
+    "gradients",
+    "optimizer_state",
+    "accumulation",
+    "inputs",
+    "activations",
+    "temporaries",
+)
+_LABELS = {
+    "parameters": "parameters",
+    "gradients": "gradients",
+    "optimizer_state": "optimizer state",
+    "accumulation": "accumulation buffers",
+    "inputs": "input batch",
+    "activations": "activations kept for backward",
+    "temporaries": "backward temporaries",
+}
+_RNN_FACTORS = {"LSTM": 12, "GRU": 9, "SimpleRNN": 3}
+
+
+def _units(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"  # pragma: no cover
+
+
+@dataclasses.dataclass
+class MemoryEstimate:
+    """Estimated memory of one training step on one device, in bytes.
+
+    Attributes:
+        parameters: Int, all model weights (trainable and not).
+        gradients: Int, one gradient per trainable weight.
+        optimizer_state: Int, the optimizer's slots (e.g. Adam: 2 per
+            weight).
+        accumulation: Int, float32 gradient accumulators
+            (`accumulation_steps > 1`).
+        inputs: Int, the input batch and the micro-batch being processed.
+        activations: Int, forward tensors kept for the backward pass.
+        temporaries: Int, what the backward pass needs on top at its peak.
+        total: Int, the sum: the estimated peak.
+        settings: Dict, the settings the estimate was made for.
+        layers: List of `(layer, bytes)`: activations kept, per layer.
+        notes: List of str: assumptions and warnings.
+    """
+
+    parameters: int
+    gradients: int
+    optimizer_state: int
+    accumulation: int
+    inputs: int
+    activations: int
+    temporaries: int
+    settings: dict = dataclasses.field(default_factory=dict)
+    layers: list = dataclasses.field(default_factory=list)
+    notes: list = dataclasses.field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return sum(getattr(self, f) for f in _FIELDS)
+
+    def to_dict(self) -> dict:
+        """Plain-Python dict (JSON-serialisable) with every field, bytes."""
+        out = {f: int(getattr(self, f)) for f in _FIELDS}
+        out["total"] = int(self.total)
+        out["settings"] = dict(self.settings)
+        out["layers"] = [[name, int(n)] for name, n in self.layers]
+        out["notes"] = list(self.notes)
+        return out
+
+    def table(self, top: int = 5) -> str:
+        """Human-readable breakdown (KiB/MiB/GiB), largest layers, notes."""
+        width = max(len(v) for v in _LABELS.values())
+        lines = [
+            "Estimated training-step memory per device ("
+            + ", ".join(f"{k}={v}" for k, v in self.settings.items())
+            + ")"
+        ]
+        for f in _FIELDS:
+            lines.append(
+                f"  {_LABELS[f]:<{width}}  {_units(getattr(self, f)):>11}"
+            )
+        lines.append(f"  {'total':<{width}}  {_units(self.total):>11}")
+        if self.layers and top:
+            lines.append("Largest activations kept, by layer:")
+            for name, n in sorted(self.layers, key=lambda x: -x[1])[:top]:
+                lines.append(f"  {name:<{width}}  {_units(n):>11}")
+        for note in self.notes:
+            lines.append(f"Note: {note}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+_POLICIES = (
+    "float32",
+    "float16",
+    "bfloat16",
+    "mixed_float16",
+    "mixed_bfloat16",
+)
+_CHECKPOINTING = ("auto", "blocks")
+
+
+def _positive_int(name, value):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(
+            f"`{name}` must be an integer >= 1. Received: {name}={value!r} "
+            f"(of type {type(value).__name__})."
+        )
+
+
+def _resolve_policy(policy, model):
+    if policy is None:
+        return model.dtype_policy
+    if isinstance(policy, keras.DTypePolicy):
+        return policy
+    if isinstance(policy, str) and policy in _POLICIES:
+        return keras.DTypePolicy(policy)
+    raise ValueError(
+        f"Unknown dtype policy {policy!r}. Expected one of "
+        f"{', '.join(_POLICIES)}, or a `keras.DTypePolicy`. Fix: pass e.g. "
+        "policy='mixed_bfloat16'."
+    )
+
+
+def _check_checkpointing(checkpointing):
+    if checkpointing in (None, False):
+        return None
+    if checkpointing is True:
+        return "auto"
+    if isinstance(checkpointing, str) and checkpointing in _CHECKPOINTING:
+        return checkpointing
+    if isinstance(checkpointing, int) and not isinstance(checkpointing, bool):
+        _positive_int("checkpointing", checkpointing)
+        return checkpointing
+    raise ValueError(
+        f"Unknown checkpointing policy {checkpointing!r}. Expected None, "
+        f"{', '.join(repr(c) for c in _CHECKPOINTING)}, or an integer (layers "
+        "per segment). Fix: pass e.g. checkpointing='auto'."
+    )
+
+
+def _segments(units, every):
+    return [units[i : i + every] for i in range(0, len(units), every)]
+
+
+def _checkpointed(step, policy):
+    """(activations kept with checkpointing, number of segments, depth)."""
+    depth = 1
+    units, saved, outputs = step.segments[1]
+    # A single nested model (keras.applications inside a functional model)
+    # is segmented one level down.
+    total = sum(saved.values()) or 1
+    if len(units) < 4 or max(saved.values(), default=0) > 0.9 * total:
+        deeper = step.segments[2]
+        if len(deeper[0]) > len(units):
+            units, saved, outputs = deeper
+            depth = 2
+    if not units:
+        return step.saved, 0, depth
+    if policy == "auto":
+        every = max(1, round(math.sqrt(len(units))))
+    elif policy == "blocks":
+        every = 1
+    else:
+        every = int(policy)
+    segs = _segments(units, every)
+    inside = sum(saved.values())
+    outside = step.saved - inside
+    boundaries = sum(outputs[seg[-1]] for seg in segs[:-1])
+    largest = max(sum(saved[u] for u in seg) for seg in segs)
+    kept = outside + boundaries + largest
+    return min(kept, step.saved), len(segs), depth
+
+
+def _unknown_layers(model, step, itemsize, batch):
+    """Bytes for layers whose kept tensors have no static size (while loops).
+
+    Recurrent layers are counted by rule (per time step: the cell's gates
+    and states); anything else from its output size, with a warning.
+    """
+    extra, notes = 0, []
+    by_name = {}
+    flatten = getattr(model, "_flatten_layers", None)
+    for layer in flatten(include_self=False, recursive=True) if flatten else []:
+        by_name.setdefault(layer.name, layer)
+    seen = set()
+    for label in step.unknown:
+        name = label.split("/")[0]
+        layer = by_name.get(name)
+        if layer is None or name in seen:
+            continue
+        seen.add(name)
+        kind = type(layer).__name__
+        try:
+            out_shape = tuple(layer.output.shape)
+            in_shape = tuple(layer.input.shape)
+        except (AttributeError, ValueError):
+            out_shape = in_shape = None
+        if kind in _RNN_FACTORS and in_shape and len(in_shape) == 3:
+            steps, features = in_shape[1], in_shape[2]
+            units = getattr(layer, "units", None) or layer.cell.units
+            per_step = _RNN_FACTORS[kind] * units + features
+            n = batch * steps * per_step * itemsize
+            notes.append(f"{name} ({kind}): {steps} time steps counted by rule")
+        else:
+            size = math.prod(out_shape[1:]) if out_shape else 0
+            n = batch * size * itemsize
+            message = (
+                f"Layer {name!r} ({kind}) keeps tensors of unknown size for "
+                "its backward pass; estimated from its output size only."
+            )
+            warnings.warn(message, stacklevel=3)
+            notes.append(message)
+        extra += n
+    return extra, notes
+
+
+def estimate_memory(
+    model: keras.Model,
+    batch_size: int,
+    optimizer=None,
+    policy=None,
+    accumulation_steps: int = 1,
+    checkpointing=None,
+    replicas: int = 1,
+) -> MemoryEstimate:
+    """Estimates the peak memory of one training step, per device.
+
+    Counts parameters, gradients and optimizer state from the model's
+    weights and the real Keras optimizer; the activations kept for the
+    backward pass and the backward temporaries from the TensorFlow gradient
+    graph of the model, traced at the batch size (nothing runs, so this
+    costs a trace of the model, seconds, and no activation memory). Mixed
+    precision, checkpointing, accumulation and replicas are modelled:
+
+    - a 16-bit policy shrinks activations and adds 16-bit copies of the
+      weights; weights, gradients and optimizer slots stay float32;
+    - checkpointing keeps only segment boundaries plus the largest segment
+      (recomputed in the backward pass);
+    - accumulation traces one micro-batch and adds float32 accumulators;
+    - `replicas` splits the global batch; each replica holds all weights.
+
+    Args:
+        model: A built `keras.Model` (functional, sequential, or
+            subclassed and built).
+        batch_size: Int, the global batch size of one `fit` step.
+        optimizer: `None` (the model's compiled optimizer, else Adam), a
+            name such as `"adam"`, or a `keras.optimizers.Optimizer`.
+        policy: `None` (the model's dtype policy), a policy name such as
+            `"mixed_bfloat16"`, or a `keras.DTypePolicy`.
+        accumulation_steps: Int, defaults to `1`: micro-batches per step.
+        checkpointing: `None` (off), `"auto"` (about sqrt(N) layers per
+            segment), `"blocks"` (one segment per top-level layer) or an
+            Int (layers per segment).
+        replicas: Int, defaults to `1`: data-parallel replicas sharing the
+            global batch.
+
+    Returns:
+        A `MemoryEstimate` (bytes per field, `.total`, `.table()`,
+        `.to_dict()`).
+
+    Raises:
+        TypeError: `model` is not a Keras model.
+        ValueError: the model is not built, a count is < 1, or the
+            optimizer, policy or checkpointing policy is unknown.
+
+    Example:
+
+    >>> model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(8)])
+    >>> est = tfmemopt.estimate_memory(model, batch_size=64, optimizer="sgd")
+    >>> est.parameters  # (32 * 8 + 8) float32 weights
+    1056
+    """
+    if not isinstance(model, keras.Model):
+        raise TypeError(
+            "`model` must be a `keras.Model`. Received: "
+            f"model={model!r} (of type {type(model).__name__})."
+        )
+    _positive_int("batch_size", batch_size)
+    _positive_int("accumulation_steps", accumulation_steps)
+    _positive_int("replicas", replicas)
+    dtype_policy = _resolve_policy(policy, model)
+    ckpt = _check_checkpointing(checkpointing)
+    opt, opt_source = resolve_optimizer(optimizer, model)
+
+    per_replica = math.ceil(batch_size / replicas)
+    micro = math.ceil(per_replica / accumulation_steps)
+    compute = _itemsize(dtype_policy.compute_dtype)
+    variable = _itemsize(dtype_policy.variable_dtype)
+    model_compute = _itemsize(model.compute_dtype)
+
+    def weight_bytes(v):
+        n = math.prod(v.shape)
+        if keras.backend.is_float_dtype(v.dtype):
+            return n * variable
+        return n * _itemsize(v.dtype)
+
+    trainable = model.trainable_weights
+    params = sum(weight_bytes(v) for v in model.weights)
+    grads = sum(weight_bytes(v) for v in trainable)
+    shapes = [
+        (
+            tuple(v.shape),
+            dtype_policy.variable_dtype
+            if keras.backend.is_float_dtype(v.dtype)
+            else v.dtype,
+        )
+        for v in trainable
+    ]
+    opt_bytes, opt_how = optimizer_state_bytes(opt, shapes)
+
+    step = trace_step(
+        model,
+        micro,
+        activation_itemsize=compute if compute != model_compute else None,
+    )
+    notes = [f"optimizer: {opt_how} ({opt_source})"]
+    activations = step.saved
+    unknown_bytes, unknown_notes = _unknown_layers(model, step, compute, micro)
+    notes += unknown_notes
+    if compute < variable:
+        # The 16-bit copies of the weights read by the backward pass.
+        casts = sum(
+            math.prod(v.shape) * compute
+            for v in trainable
+            if keras.backend.is_float_dtype(v.dtype)
+        )
+        activations += casts
+        notes.append(
+            f"{dtype_policy.name}: {compute}-byte activations, float32 "
+            "weights, gradients and optimizer state, 16-bit weight copies"
+        )
+    temporaries = max(0, step.peak - step.saved - step.gradients - step.inputs)
+    if ckpt is not None:
+        kept, n_segments, _ = _checkpointed(step, ckpt)
+        notes.append(
+            f"checkpointing {ckpt!r}: {n_segments} segments; boundaries "
+            "plus the largest segment (recomputed) kept"
+        )
+        activations = activations - step.saved + kept
+    activations += unknown_bytes
+    inputs = step.inputs
+    accumulation = 0
+    if accumulation_steps > 1:
+        inputs += step.inputs * per_replica // micro
+        accumulation = sum(math.prod(v.shape) * 4 for v in trainable)
+        notes.append(
+            f"accumulation: micro-batch {micro} x {accumulation_steps}, "
+            "float32 accumulators"
+        )
+    if replicas > 1:
+        temporaries += grads
+        notes.append(
+            f"{replicas} replicas: batch {per_replica} per replica, a packed "
+            "copy of the gradients for the all-reduce"
+        )
+    layers = {}
+    for path, n in step.saved_by_layer:
+        name = path[-1] if path else "(loss and other)"
+        layers[name] = layers.get(name, 0) + n
+    return MemoryEstimate(
+        parameters=int(params),
+        gradients=int(grads),
+        optimizer_state=int(opt_bytes),
+        accumulation=int(accumulation),
+        inputs=int(inputs),
+        activations=int(activations),
+        temporaries=int(temporaries),
+        settings={
+            "batch_size": batch_size,
+            "optimizer": type(opt).__name__,
+            "policy": dtype_policy.name,
+            "accumulation_steps": accumulation_steps,
+            "checkpointing": ckpt,
+            "replicas": replicas,
+        },
+        layers=sorted(layers.items(), key=lambda kv: -kv[1]),
+        notes=notes,
+    )
