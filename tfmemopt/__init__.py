@@ -23,6 +23,9 @@ from tfmemopt.findings import pad_to_multiple  # noqa: E402
 # --- exact gradient accumulation (issue 2) --------------------------------
 from tfmemopt.model import Model  # noqa: E402
 
+# --- accumulation across steps (issue 3) ---------------------------------
+from tfmemopt.accumulating_optimizer import AccumulatingOptimizer  # noqa: E402
+
 # --- memory estimator (issue 8) ------------------------------------------
 from tfmemopt.estimate import MemoryEstimate  # noqa: E402
 from tfmemopt.estimate import estimate_memory  # noqa: E402
@@ -39,4 +42,5 @@ __all__ = [
     "pad_to_multiple",
     "estimate_memory",
     "MemoryEstimate",
+    "AccumulatingOptimizer",
 ]

@@ -1,0 +1,101 @@
+"""Private glue between `AccumulatingOptimizer` and Keras's optimizers.
+
+Two Keras behaviours would make accumulation across steps inexact, and both
+are corrected here on the *instances* involved (never on Keras's classes):
+
+- `LossScaleOptimizer` skips a non-finite micro-step without telling the
+  optimizer it wraps, which would silently drop that micro-batch from the
+  window. `adopt_loss_scale_optimizer` makes its non-finite branch also
+  mark the window as skipped.
+- Keras clips gradients per replica *before* its all-reduce.
+  `clip_after_all_reduce` moves the inner optimizer's clipping to just
+  after it, so `clipnorm`/`global_clipnorm` see the gradient of the whole
+  window on all replicas.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import keras
+import tensorflow as tf
+from keras import ops
+
+_ORIGINAL = "_tfmemopt_original_non_finite_handler"
+
+
+def null_scope():
+    return contextlib.nullcontext()
+
+
+def adopt_loss_scale_optimizer(accumulating, outer) -> None:
+    """Links `accumulating` to the `LossScaleOptimizer` `outer` wrapping it."""
+    if not isinstance(outer, keras.optimizers.LossScaleOptimizer):
+        return
+    if getattr(outer, "inner_optimizer", None) is not accumulating:
+        return
+    if outer.__dict__.get(_ORIGINAL) is None:
+        original = outer._stateful_handle_non_finite_grads
+        object.__setattr__(outer, _ORIGINAL, original)
+
+        def handle_non_finite_micro_step():
+            original()
+            outer.inner_optimizer._skip_micro_step()
+
+        object.__setattr__(
+            outer, "_stateful_handle_non_finite_grads",
+            handle_non_finite_micro_step,
+        )
+    object.__setattr__(accumulating, "_outer_loss_scale", outer)
+    # As LossScaleOptimizer does for its direct inner optimizer: the loss is
+    # scaled once, by the outer optimizer.
+    accumulating.inner_optimizer.loss_scale_factor = None
+
+
+def original_non_finite_handler(outer):
+    """The `LossScaleOptimizer`'s own non-finite branch (halves the scale)."""
+    return outer.__dict__[_ORIGINAL]
+
+
+def local_values(strategy, variable):
+    """Each replica's local value of a (possibly) replica-local variable."""
+    value = variable.value if isinstance(variable, keras.Variable) else variable
+    return [
+        tf.convert_to_tensor(v)
+        for v in strategy.experimental_local_results(value)
+    ]
+
+
+def local_sum(strategy, variable):
+    """Sum of the replicas' local values, without a cross-device reduce."""
+    values = local_values(strategy, variable)
+    return values[0] if len(values) == 1 else tf.add_n(values)
+
+
+def all_finite(strategy, accumulating):
+    """True when every replica's accumulated gradients are finite."""
+    flags = []
+    for acc in accumulating._accumulators:
+        for value in local_values(strategy, acc):
+            flags.append(ops.all(ops.isfinite(value)))
+    return ops.all(ops.stack(flags))
+
+
+def clip_after_all_reduce(inner) -> None:
+    """Makes `inner` clip after its gradient all-reduce, not before."""
+    if not (inner.clipnorm or inner.global_clipnorm or inner.clipvalue):
+        return
+    if not hasattr(inner, "_all_reduce_sum_gradients"):
+        return  # Not the TensorFlow optimizer: there is no all-reduce.
+    if "_all_reduce_sum_gradients" in inner.__dict__:
+        return  # Already done.
+    reduce = inner._all_reduce_sum_gradients
+    clip = inner._clip_gradients
+
+    def reduce_then_clip(grads_and_vars):
+        reduced = list(reduce(grads_and_vars))
+        clipped = clip([g for g, _ in reduced])
+        return [(g, v) for g, (_, v) in zip(clipped, reduced)]
+
+    object.__setattr__(inner, "_clip_gradients", lambda grads: grads)
+    object.__setattr__(inner, "_all_reduce_sum_gradients", reduce_then_clip)

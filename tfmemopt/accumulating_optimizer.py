@@ -1,0 +1,407 @@
+"""`AccumulatingOptimizer`: exact gradient accumulation across steps.
+
+The wrapper sums the gradients of `accumulation_steps` consecutive
+`apply_gradients` calls (micro-steps) into float32 accumulators and hands
+their mean to the inner optimizer once per window. Everything the inner
+optimizer does per update (learning-rate schedule, EMA, weight decay,
+clipping, `iterations`) therefore happens once per window.
+
+Under `tf.distribute` the accumulators are replica-local
+(`synchronization=ON_READ`, `aggregation=SUM`): each replica sums its own
+gradients and the inner optimizer's usual all-reduce runs once per window.
+The end of a window is decided in cross-replica context
+(`merge_call` -> `cond` -> `call_for_each_replica(apply)`), the pattern of
+`keras.optimizers.LossScaleOptimizer`; a plain `cond` around
+`apply_gradients` in replica context crashes under `MirroredStrategy`.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import keras
+import tensorflow as tf
+from keras import ops
+
+from tfmemopt import _accumulation_hooks as hooks
+
+_BASE_DEFAULTS = {
+    "weight_decay": None,
+    "clipnorm": None,
+    "global_clipnorm": None,
+    "clipvalue": None,
+    "use_ema": False,
+    "ema_momentum": 0.99,
+    "ema_overwrite_frequency": None,
+    "loss_scale_factor": None,
+    "gradient_accumulation_steps": None,
+}
+
+
+def _check_steps(accumulation_steps) -> int:
+    if (
+        isinstance(accumulation_steps, bool)
+        or not isinstance(accumulation_steps, int)
+        or accumulation_steps < 1
+    ):
+        raise ValueError(
+            "`accumulation_steps` must be an integer >= 1. Received: "
+            f"accumulation_steps={accumulation_steps!r} (of type "
+            f"{type(accumulation_steps).__name__}). Pass the number of "
+            "micro-batches per optimizer update, e.g. accumulation_steps=4."
+        )
+    return accumulation_steps
+
+
+def _check_inner(inner_optimizer) -> None:
+    if not isinstance(inner_optimizer, keras.optimizers.Optimizer):
+        raise TypeError(
+            "`inner_optimizer` must be a `keras.optimizers.Optimizer` "
+            f"instance. Received: inner_optimizer={inner_optimizer!r} (of "
+            f"type {type(inner_optimizer).__name__}). Pass e.g. "
+            "`keras.optimizers.Adam(1e-3)`, not a string or a class."
+        )
+    if isinstance(inner_optimizer, keras.optimizers.LossScaleOptimizer):
+        raise ValueError(
+            "AccumulatingOptimizer cannot wrap a LossScaleOptimizer: the "
+            "loss scale would be checked per window while `compile` (under "
+            "`mixed_float16`) adds a second LossScaleOptimizer outside. "
+            "Wrap the other way round: "
+            "`LossScaleOptimizer(AccumulatingOptimizer(inner))`, or simply "
+            "pass `AccumulatingOptimizer(inner)` to `compile`, which does "
+            "that for you. Received: inner_optimizer="
+            f"{type(inner_optimizer).__name__}."
+        )
+    if isinstance(inner_optimizer, AccumulatingOptimizer):
+        raise ValueError(
+            "AccumulatingOptimizer cannot wrap another AccumulatingOptimizer."
+            " Use one wrapper with the product of the two "
+            "`accumulation_steps`."
+        )
+    if inner_optimizer.gradient_accumulation_steps:
+        raise ValueError(
+            "The inner optimizer has Keras's own "
+            "`gradient_accumulation_steps="
+            f"{inner_optimizer.gradient_accumulation_steps}`; it advances "
+            "schedules and EMA per micro-step and crashes under "
+            "MirroredStrategy. Create the inner optimizer without it and "
+            "pass `accumulation_steps="
+            f"{inner_optimizer.gradient_accumulation_steps}` to "
+            "AccumulatingOptimizer instead."
+        )
+
+
+@keras.saving.register_keras_serializable(package="tfmemopt")
+class AccumulatingOptimizer(keras.optimizers.Optimizer):
+    """Applies the mean gradient of every `accumulation_steps` micro-steps.
+
+    Use it when one step cannot hold the batch and the micro-batches come
+    from outside the model: a dataset that yields micro-batches to
+    `model.fit`, a hand-written `tf.GradientTape` loop, or a model with its
+    own `train_step`. Each call of `apply_gradients` adds the gradients to
+    float32 accumulators; every `accumulation_steps`-th call hands the
+    window's mean (or item-weighted mean, see `num_items`) to the inner
+    optimizer, so schedules, EMA, weight decay, clipping and `iterations`
+    advance once per update, exactly as with the full batch.
+
+    Cost: one float32 accumulator per trainable weight (4 bytes per
+    parameter, per replica) and one addition per micro-step. Under
+    `tf.distribute` the gradients are all-reduced once per window, not per
+    micro-step.
+
+    With `mixed_float16`, `compile` wraps this optimizer in a
+    `keras.optimizers.LossScaleOptimizer`; that order is supported: a
+    non-finite micro-step skips the whole window (no partial update) and
+    lowers the loss scale once. The opposite order is refused.
+    BatchNormalization still sees micro-batch statistics.
+
+    Args:
+        inner_optimizer: `keras.optimizers.Optimizer`. Applies the updates.
+            Set `learning_rate`, clipping, `weight_decay` and `use_ema` on
+            it; it must not have `gradient_accumulation_steps`.
+        accumulation_steps: Int, defaults to `2`. Micro-steps per update.
+        name: String or `None`, defaults to `None`.
+
+    Raises:
+        ValueError: `accumulation_steps` is not an int >= 1, the inner
+            optimizer has `gradient_accumulation_steps`, is a
+            `LossScaleOptimizer` or an `AccumulatingOptimizer`, or a base
+            optimizer argument (e.g. `clipnorm`) is passed to the wrapper.
+        TypeError: `inner_optimizer` is not a Keras optimizer.
+
+    Example:
+
+    >>> import keras, numpy as np, tfmemopt
+    >>> opt = tfmemopt.AccumulatingOptimizer(
+    ...     keras.optimizers.SGD(0.1), accumulation_steps=2)
+    >>> w = keras.Variable(np.ones(2, "float32"))
+    >>> _ = opt.apply_gradients([(np.array([1.0, 2.0], "float32"), w)])
+    >>> _ = opt.apply_gradients([(np.array([3.0, 0.0], "float32"), w)])
+    >>> w.numpy().tolist(), int(opt.iterations)
+    ([0.800000011920929, 0.8999999761581421], 1)
+    """
+
+    def __init__(
+        self,
+        inner_optimizer: keras.optimizers.Optimizer,
+        accumulation_steps: int = 2,
+        name: str | None = None,
+        **kwargs,
+    ):
+        accumulation_steps = _check_steps(accumulation_steps)
+        _check_inner(inner_optimizer)
+        for arg_name, default in _BASE_DEFAULTS.items():
+            if arg_name in kwargs and kwargs.pop(arg_name) != default:
+                raise ValueError(
+                    f"AccumulatingOptimizer does not take `{arg_name}`. Set "
+                    f"`{arg_name}` on the `inner_optimizer` instead; the "
+                    "wrapper applies it once per update."
+                )
+        kwargs.pop("learning_rate", None)
+        if kwargs:
+            raise ValueError(
+                "AccumulatingOptimizer does not support arguments: "
+                f"`{'`, `'.join(sorted(kwargs))}`. It takes "
+                "`inner_optimizer`, `accumulation_steps` and `name`."
+            )
+        super().__init__(learning_rate=0.0, name=name)
+        self.inner_optimizer = inner_optimizer
+        self.accumulation_steps = accumulation_steps
+        # The LossScaleOptimizer that wraps this one, if any (not tracked:
+        # it already tracks us).
+        object.__setattr__(self, "_outer_loss_scale", None)
+
+    def __setattr__(self, name, value):
+        # `LossScaleOptimizer.__init__` disables our `loss_scale_factor`;
+        # that is the moment to learn that it wraps us.
+        if (
+            name == "loss_scale_factor"
+            and value is None
+            and "inner_optimizer" in self.__dict__
+        ):
+            caller = sys._getframe(1).f_locals.get("self")
+            hooks.adopt_loss_scale_optimizer(self, caller)
+        super().__setattr__(name, value)
+
+    def build(self, var_list):
+        if self.built:
+            return
+        self._micro_step = self.add_variable(
+            (), dtype="int32", aggregation="only_first_replica",
+            name="micro_step",
+        )
+        self._skip_window = self.add_variable(
+            (), dtype="int32", aggregation="only_first_replica",
+            name="skip_window",
+        )
+        self._item_count = self._add_accumulator((), None, "item_count")
+        object.__setattr__(
+            self,
+            "_accumulators",
+            [
+                self._add_accumulator(v.shape, v, "accumulator")
+                for v in var_list
+            ],
+        )
+        self.inner_optimizer.build(var_list)
+        hooks.clip_after_all_reduce(self.inner_optimizer)
+        super().build(var_list)
+
+    def _add_accumulator(self, shape, reference, name):
+        colocate = (
+            reference.value
+            if isinstance(reference, keras.Variable)
+            else reference
+        )
+        strategy = tf.distribute.get_strategy()
+        scope = (
+            strategy.extended.colocate_vars_with(colocate)
+            if colocate is not None
+            else hooks.null_scope()
+        )
+        with scope, keras.name_scope(self.name, caller=self):
+            variable = keras.Variable(
+                initializer="zeros",
+                shape=shape,
+                dtype="float32",
+                trainable=False,
+                aggregation="sum",
+                synchronization="on_read",
+                name=name,
+            )
+        self._track_variable(variable)
+        return variable
+
+    @property
+    def variables(self):
+        return self._variables[:] + self.inner_optimizer.variables
+
+    @property
+    def learning_rate(self):
+        return self.inner_optimizer.learning_rate
+
+    @learning_rate.setter
+    def learning_rate(self, learning_rate):
+        self.inner_optimizer.learning_rate = learning_rate
+
+    @property
+    def iterations(self):
+        """Number of updates applied (not micro-steps)."""
+        return self.inner_optimizer.iterations
+
+    @property
+    def micro_step(self):
+        """Micro-steps accumulated in the current window (0 at its start)."""
+        return self._micro_step
+
+    def scale_loss(self, loss):
+        return self.inner_optimizer.scale_loss(loss)
+
+    def apply_gradients(self, grads_and_vars, num_items=None):
+        """Accumulates one micro-step; applies the window at its end.
+
+        Args:
+            grads_and_vars: Iterable of `(gradient, variable)` pairs.
+            num_items: Scalar or `None`, defaults to `None`. The number of
+                items (samples, valid tokens) the loss of this micro-step
+                was averaged over. When given, the window's gradient is
+                `sum(num_items_i * grad_i) / sum(num_items_i)`, the gradient
+                of the loss averaged over all items of the window; when
+                `None`, each micro-step weighs 1. Under a strategy pass the
+                replica's own count; the loss is assumed divided by
+                `num_replicas_in_sync`, as Keras's built-in losses are.
+
+        Returns:
+            The inner optimizer's `iterations` (number of updates).
+        """
+        grads, trainable_variables = zip(*grads_and_vars)
+        self.apply(grads, trainable_variables, num_items=num_items)
+        return self.iterations
+
+    def apply(self, grads, trainable_variables=None, num_items=None):
+        if tf.distribute.in_cross_replica_context() and (
+            tf.distribute.has_strategy()
+        ):
+            raise ValueError(
+                "AccumulatingOptimizer.apply() must be called in a replica "
+                "context (inside `strategy.run`), not in cross-replica "
+                "context."
+            )
+        grads = list(grads)
+        if trainable_variables is None:
+            if not self.built:
+                raise ValueError(
+                    "Pass `trainable_variables` on the first call (or call "
+                    "`optimizer.build(variables)` first)."
+                )
+            trainable_variables = self._trainable_variables
+        trainable_variables = list(trainable_variables)
+        if not self.built:
+            with keras.name_scope(self.name, caller=self):
+                self.build(trainable_variables)
+            self.built = True
+        pairs = [
+            (g, v) for g, v in zip(grads, trainable_variables) if g is not None
+        ]
+        if not pairs:
+            raise ValueError("No gradients provided for any variable.")
+        weight = (
+            tf.constant(1.0)
+            if num_items is None
+            else tf.cast(num_items, "float32")
+        )
+        accumulators = []
+        for grad, variable in pairs:
+            acc = self._accumulators[self._get_variable_index(variable)]
+            if isinstance(grad, tf.IndexedSlices):
+                grad = tf.convert_to_tensor(grad)
+            acc.assign_add(tf.cast(grad, "float32") * weight)
+            accumulators.append(acc)
+        self._item_count.assign_add(weight)
+        variables = [v for _, v in pairs]
+        tf.distribute.get_replica_context().merge_call(
+            self._end_micro_step, args=(accumulators, variables)
+        )
+
+    def _end_micro_step(self, strategy, accumulators, variables):
+        """Cross-replica: count the micro-step, apply at the window's end."""
+        self._micro_step.assign_add(1)
+
+        def finish():
+            ok = ops.equal(self._skip_window, 0)
+            if self._outer_loss_scale is not None:
+                ok = ops.logical_and(ok, hooks.all_finite(strategy, self))
+            normaliser = hooks.local_sum(strategy, self._item_count) / (
+                strategy.num_replicas_in_sync
+            )
+
+            def apply_window():
+                strategy.extended.call_for_each_replica(
+                    self._apply_window,
+                    args=(accumulators, variables, normaliser),
+                )
+
+            ops.cond(ok, apply_window, self._on_bad_window)
+            self._reset_window()
+
+        ops.cond(
+            ops.greater_equal(self._micro_step, self.accumulation_steps),
+            finish,
+            lambda: None,
+        )
+
+    def _apply_window(self, accumulators, variables, normaliser):
+        """Replica context: the inner optimizer all-reduces and updates."""
+        grads = [
+            ops.cast(ops.convert_to_tensor(acc) / normaliser, v.dtype)
+            for acc, v in zip(accumulators, variables)
+        ]
+        self.inner_optimizer.apply(grads, variables)
+
+    def _on_bad_window(self):
+        # A non-finite gradient reached the accumulators without the loss
+        # scale optimizer seeing it (another replica): lower the scale once.
+        if self._outer_loss_scale is None:
+            return
+        ops.cond(
+            ops.equal(self._skip_window, 0),
+            hooks.original_non_finite_handler(self._outer_loss_scale),
+            lambda: None,
+        )
+
+    def _reset_window(self):
+        self._micro_step.assign(0)
+        self._skip_window.assign(0)
+        self._item_count.assign(0.0)
+        for acc in self._accumulators:
+            acc.assign(ops.zeros(acc.shape, "float32"))
+
+    def _skip_micro_step(self):
+        """Counts a micro-step the loss scale optimizer found non-finite."""
+        self._skip_window.assign(1)
+        self._micro_step.assign_add(1)
+        ops.cond(
+            ops.greater_equal(self._micro_step, self.accumulation_steps),
+            self._reset_window,
+            lambda: None,
+        )
+
+    def finalize_variable_values(self, var_list):
+        self.inner_optimizer.finalize_variable_values(var_list)
+
+    def get_config(self):
+        return {
+            "name": self.name,
+            "inner_optimizer": keras.saving.serialize_keras_object(
+                self.inner_optimizer
+            ),
+            "accumulation_steps": self.accumulation_steps,
+        }
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        inner = keras.saving.deserialize_keras_object(
+            config.pop("inner_optimizer"), custom_objects=custom_objects
+        )
+        return cls(inner, **config)
