@@ -20,6 +20,9 @@ from tfmemopt.advice import check_alignment  # noqa: E402
 from tfmemopt.advice import check_precision  # noqa: E402
 from tfmemopt.findings import pad_to_multiple  # noqa: E402
 
+# --- memory monitor callback (issue 7) -----------------------------------
+from tfmemopt import callbacks  # noqa: E402
+
 # --- exact gradient accumulation (issue 2) --------------------------------
 from tfmemopt.model import Model  # noqa: E402
 
@@ -32,6 +35,7 @@ from tfmemopt.estimate import estimate_memory  # noqa: E402
 
 __all__ = [
     "__version__",
+    "callbacks",
     "memory",
     "distribute",
     "Model",

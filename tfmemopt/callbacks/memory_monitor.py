@@ -1,0 +1,399 @@
+"""`MemoryMonitor`: device and host memory in Keras logs, a summary, a plot."""
+
+from __future__ import annotations
+
+import warnings
+
+import keras
+
+from tfmemopt import memory
+from tfmemopt.memory._device import _canonical
+
+_RESET_CHOICES = ("batch", "epoch", "train", None)
+_KINDS = ("CPU", "GPU", "TPU")
+
+
+def _check_device_name(device) -> str:
+    if not isinstance(device, str):
+        raise TypeError(
+            "`devices` must be 'auto', a device name or a list of device "
+            "names such as ['GPU:0', 'GPU:1']. Received an entry "
+            f"{device!r} (of type {type(device).__name__})."
+        )
+    name = _canonical(device)
+    kind, _, index = name.partition(":")
+    if kind not in _KINDS or not index.isdigit():
+        raise ValueError(
+            f"Unknown device name {device!r} in `devices`: expected a name "
+            "like 'GPU:0', 'TPU:0' or 'CPU:0', or devices='auto'."
+        )
+    return name
+
+
+class MemoryMonitor(keras.callbacks.Callback):
+    """Logs device and host memory next to the loss, per step and per epoch.
+
+    Writes its readings into the `logs` that Keras passes along, so the
+    progress bar, `History`, `CSVLogger` and `TensorBoard` show and record
+    them with no extra code (list the monitor *before* `CSVLogger` and
+    `TensorBoard` in `callbacks=`: Keras calls callbacks in list order;
+    `History` and the progress bar always come last). It also keeps
+    `records`, prints a `summary()` at the end of training and draws a
+    `plot()`.
+
+    Keys (`<p>` is `prefix`, `<device>` a short name such as `GPU:0`):
+
+    - `<p>/<device>/current_mib`: MiB that TensorFlow's allocator holds on
+      the device now (after the step).
+    - `<p>/<device>/peak_mib`: the allocator's highest MiB since the last
+      reset (see `reset_peak`).
+    - `<p>/<device>/used_mib`, `<p>/<device>/total_mib`: MiB used on the
+      whole GPU and its size, as the driver (NVML) sees them; only for
+      GPUs, and only with `nvidia-ml-py` installed
+      (`pip install tfmemopt[gpu]`).
+    - `<p>/host/rss_mib`: resident set size of this process in MiB.
+
+    Epoch logs carry the same keys: `current_mib` at the end of the epoch,
+    `peak_mib` the highest reading during the epoch (validation included).
+    On CPU, logical devices (`CPU:0`, `CPU:1`) share one allocator and
+    report the same numbers. Where a device keeps no statistics (CPU
+    without oneDNN), the monitor warns once and logs host memory only.
+
+    Cost: after each logged batch, one allocator query per device (a few
+    microseconds each), one `psutil` call, and one NVML call per GPU; and
+    because it reads logs after each batch, Keras dispatches batch
+    callbacks synchronously instead of on a thread (as for any callback
+    that implements `on_train_batch_end`). Use `every_n_batches` to read
+    less often. `benchmarks/monitor.py` measures the overhead.
+
+    Args:
+        devices: `"auto"`, a device name or a list of names, defaults to
+            `"auto"`: every GPU and TPU that TensorFlow sees, the replica
+            devices of the model's `tf.distribute` strategy, and `CPU:0`
+            where its allocator keeps statistics.
+        every_n_batches: Int, defaults to `1`. Read memory after every n-th
+            batch (with `steps_per_execution > 1`, at the first batch end
+            Keras reports at or past each multiple of n).
+        reset_peak: `"batch"`, `"epoch"`, `"train"` or `None`, defaults to
+            `"batch"`. When the allocator's peak is reset: after each
+            reading (each batch `peak_mib` is the peak since the previous
+            reading), at the start of each epoch (a running peak within
+            the epoch), once at the start of `fit`, or never.
+        host: Bool, defaults to `True`. Whether to log host RSS.
+        prefix: String, defaults to `"memory"`. First part of every key.
+        verbose: `"auto"`, `0` or `1`, defaults to `"auto"`. Whether to
+            print `summary()` at the end of training; `"auto"` follows the
+            `verbose` of `fit`.
+
+    Example:
+
+    ```python
+    monitor = tfmemopt.callbacks.MemoryMonitor()
+    model.fit(x, y, epochs=2, callbacks=[monitor])
+    model.history.history["memory/CPU:0/peak_mib"]  # one value per epoch
+    monitor.plot("memory.png")
+    ```
+    """
+
+    def __init__(
+        self,
+        devices: str | list | tuple = "auto",
+        every_n_batches: int = 1,
+        reset_peak: str | None = "batch",
+        host: bool = True,
+        prefix: str = "memory",
+        verbose: str | int = "auto",
+    ):
+        super().__init__()
+        if isinstance(devices, str) and devices == "auto":
+            self._requested = "auto"
+        elif isinstance(devices, str):
+            self._requested = [_check_device_name(devices)]
+        elif isinstance(devices, (list, tuple)) and devices:
+            self._requested = [_check_device_name(d) for d in devices]
+        else:
+            raise TypeError(
+                "`devices` must be 'auto', a device name or a non-empty "
+                "list of device names such as ['GPU:0', 'GPU:1']. "
+                f"Received: devices={devices!r} (of type "
+                f"{type(devices).__name__})."
+            )
+        if (
+            isinstance(every_n_batches, bool)
+            or not isinstance(every_n_batches, int)
+            or every_n_batches < 1
+        ):
+            raise ValueError(
+                "`every_n_batches` must be an integer >= 1. Received: "
+                f"every_n_batches={every_n_batches!r} (of type "
+                f"{type(every_n_batches).__name__})."
+            )
+        if reset_peak not in _RESET_CHOICES:
+            raise ValueError(
+                f"Unknown `reset_peak`: {reset_peak!r}. Expected one of "
+                "'batch', 'epoch', 'train' or None."
+            )
+        if not isinstance(prefix, str) or not prefix.strip("/"):
+            raise ValueError(
+                "`prefix` must be a non-empty string such as 'memory'. "
+                f"Received: prefix={prefix!r}."
+            )
+        if verbose not in ("auto", 0, 1):
+            raise ValueError(
+                f"`verbose` must be 'auto', 0 or 1. Received: {verbose!r}."
+            )
+        self.every_n_batches = every_n_batches
+        self.reset_peak = reset_peak
+        self.host = bool(host)
+        self.prefix = prefix.strip("/")
+        self.verbose = verbose
+        self.devices: list[str] = []
+        self.records: list[dict] = []
+        self._nvml_devices: list[str] = []
+        self._warned: set = set()
+
+    # -- device selection --------------------------------------------------
+
+    def _candidates(self) -> tuple[list, set]:
+        """(devices to try, those whose missing stats deserve a warning)."""
+        local = memory.local_devices()
+        if self._requested != "auto":
+            unknown = [d for d in self._requested if d not in local]
+            if unknown:
+                raise ValueError(
+                    f"MemoryMonitor: unknown device(s) {unknown}. This "
+                    f"process sees {local}; pass some of those, or "
+                    "devices='auto'."
+                )
+            return list(self._requested), set(self._requested)
+        accelerators = [d for d in local if not d.startswith("CPU")]
+        strategy = getattr(self.model, "distribute_strategy", None)
+        replicas = memory.replica_devices(strategy)
+        wanted = set(accelerators) | set(replicas)
+        if not accelerators and not replicas:
+            wanted.add("CPU:0")  # the only device that computes here
+        ordered = []
+        for name in accelerators + replicas + ["CPU:0"]:
+            if name not in ordered:
+                ordered.append(name)
+        return ordered, wanted
+
+    def _resolve_devices(self) -> None:
+        candidates, wanted = self._candidates()
+        self.devices = [d for d in candidates if memory.stats_available(d)]
+        missing = [
+            d
+            for d in candidates
+            if d in wanted and d not in self.devices and d not in self._warned
+        ]
+        if missing:
+            self._warned.update(missing)
+            host = (
+                f" Logging host memory ({self.prefix}/host/rss_mib) only."
+                if self.host
+                else ""
+            )
+            hint = ""
+            if any(d.startswith("CPU") for d in missing):
+                hint = (
+                    " On CPU the statistics come from oneDNN's allocator: "
+                    "set TF_ENABLE_ONEDNN_OPTS=1 before TensorFlow is "
+                    "imported."
+                )
+            warnings.warn(
+                "MemoryMonitor: no allocator memory statistics for "
+                f"{', '.join(missing)}.{host}{hint}",
+                UserWarning,
+                stacklevel=3,
+            )
+        self._nvml_devices = [
+            d
+            for d in self.devices
+            if d.startswith("GPU") and memory.nvml_memory(d) is not None
+        ]
+
+    # -- reading -----------------------------------------------------------
+
+    def _key(self, device: str, what: str) -> str:
+        return f"{self.prefix}/{device}/{what}"
+
+    def _read(self) -> dict:
+        values = {}
+        for device in self.devices:
+            try:
+                info = memory.device_memory(device)
+            except memory.MemoryStatsUnavailable:
+                continue
+            values[self._key(device, "current_mib")] = (
+                info["current"] / memory.MIB
+            )
+            values[self._key(device, "peak_mib")] = info["peak"] / memory.MIB
+        for device in self._nvml_devices:
+            info = memory.nvml_memory(device)
+            if info is not None:
+                values[self._key(device, "used_mib")] = (
+                    info["used"] / memory.MIB
+                )
+                values[self._key(device, "total_mib")] = (
+                    info["total"] / memory.MIB
+                )
+        if self.host:
+            rss = memory.host_rss_bytes()
+            if rss is not None:
+                values[self._key("host", "rss_mib")] = rss / memory.MIB
+        return values
+
+    def _reset(self) -> None:
+        for device in self.devices:
+            memory.reset_peak(device)
+
+    def _log(self, kind, batch, step, logs, values) -> None:
+        if logs is not None:
+            logs.update(values)
+        record = {"kind": kind, "epoch": self._epoch, "batch": batch}
+        record["step"] = step
+        record.update(values)
+        self.records.append(record)
+
+    # -- Keras hooks -------------------------------------------------------
+
+    def on_train_begin(self, logs=None):
+        self.records = []
+        self._epoch = 0
+        self._step_base = 0
+        self._steps_in_epoch = 0
+        self._last_read_step = 0
+        self._resolve_devices()
+        if self.reset_peak is not None:
+            self._reset()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+        self._steps_in_epoch = 0
+        self._epoch_peaks = {}
+        if self.reset_peak == "epoch":
+            self._reset()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._steps_in_epoch = batch + 1
+        step = self._step_base + batch + 1
+        n = self.every_n_batches
+        if step // n <= self._last_read_step // n:
+            return
+        self._last_read_step = step
+        values = self._read()
+        for key, value in values.items():
+            if key.endswith("/peak_mib"):
+                self._epoch_peaks[key] = max(
+                    value, self._epoch_peaks.get(key, 0.0)
+                )
+        if self.reset_peak == "batch":
+            self._reset()
+        self._log("batch", batch, step, logs, values)
+
+    def on_epoch_end(self, epoch, logs=None):
+        values = self._read()
+        for key, value in self._epoch_peaks.items():
+            if key in values:
+                values[key] = max(values[key], value)
+        if self.reset_peak == "batch":
+            self._reset()
+        self._step_base += self._steps_in_epoch
+        self._log("epoch", None, self._step_base, logs, values)
+
+    def on_train_end(self, logs=None):
+        verbose = self.verbose
+        if verbose == "auto":
+            verbose = (self.params or {}).get("verbose", 1)
+        if verbose:
+            print(self.summary())
+
+    # -- results -----------------------------------------------------------
+
+    def peaks(self) -> dict:
+        """The highest reading of each device and where it happened.
+
+        Returns:
+            `{device: {"peak_mib": float, "step": int, "epoch": int}}` for
+            every device in `records` (`"host"` with its RSS), taken from the
+            batch records (from the epoch records when no batch was read).
+        """
+        rows = [r for r in self.records if r["kind"] == "batch"]
+        rows = rows or self.records
+        result = {}
+        for row in rows:
+            for key, value in row.items():
+                if not key.startswith(self.prefix + "/"):
+                    continue
+                device, what = key[len(self.prefix) + 1 :].rsplit("/", 1)
+                if what not in ("peak_mib", "rss_mib"):
+                    continue
+                best = result.get(device)
+                if best is None or value > best["peak_mib"]:
+                    result[device] = {
+                        "peak_mib": value,
+                        "step": row["step"],
+                        "epoch": row["epoch"],
+                    }
+        return result
+
+    def summary(self) -> str:
+        """A table: per device, the peak MiB and the step where it happened.
+
+        Returns:
+            The table as a string (also printed at the end of `fit` unless
+            `verbose=0`).
+        """
+        peaks = self.peaks()
+        if not peaks:
+            return "MemoryMonitor: nothing recorded (call after `fit`)."
+        last = self.records[-1]
+        lines = [
+            "MemoryMonitor summary (MiB; host = process RSS)",
+            f"{'device':<10}{'peak':>12}{'at step':>9}{'epoch':>7}{'last':>12}",
+        ]
+        for device, best in peaks.items():
+            what = "rss_mib" if device == "host" else "current_mib"
+            now = last.get(self._key(device, what), float("nan"))
+            lines.append(
+                f"{device:<10}{best['peak_mib']:>12.1f}{best['step']:>9}"
+                f"{best['epoch'] + 1:>7}{now:>12.1f}"
+            )
+        return "\n".join(lines)
+
+    def plot(self, path: str, dpi: int = 100) -> str:
+        """Writes a PNG of current and peak MiB against step.
+
+        One panel per device (and one for host RSS), epoch boundaries as
+        dashed lines. Needs matplotlib (`pip install tfmemopt[plot]`).
+
+        Args:
+            path: String, where to write the PNG.
+            dpi: Int, defaults to `100`. Pixels per inch (the figure is 8
+                inches wide).
+
+        Returns:
+            `path`.
+
+        Raises:
+            ImportError: matplotlib is not installed.
+            ValueError: nothing was recorded yet.
+        """
+        from tfmemopt.callbacks._plot import save_png
+
+        if not self.records:
+            raise ValueError(
+                "MemoryMonitor.plot: nothing recorded yet. Call it after "
+                "`model.fit(..., callbacks=[monitor])`."
+            )
+        return save_png(self.records, self.prefix, path, dpi=dpi)
+
+    def get_config(self) -> dict:
+        return {
+            "devices": self._requested,
+            "every_n_batches": self.every_n_batches,
+            "reset_peak": self.reset_peak,
+            "host": self.host,
+            "prefix": self.prefix,
+            "verbose": self.verbose,
+        }
