@@ -29,6 +29,12 @@ from tfmemopt.model import Model  # noqa: E402
 # --- accumulation across steps (issue 3) ---------------------------------
 from tfmemopt.accumulating_optimizer import AccumulatingOptimizer  # noqa: E402
 
+# --- activation checkpointing (issue 4) -----------------------------------
+from tfmemopt import checkpointing  # noqa: E402
+from tfmemopt.checkpointing import CheckpointBlock  # noqa: E402
+from tfmemopt.checkpointing import disable_checkpointing  # noqa: E402
+from tfmemopt.checkpointing import enable_checkpointing  # noqa: E402
+
 # --- memory estimator (issue 8) ------------------------------------------
 from tfmemopt.estimate import MemoryEstimate  # noqa: E402
 from tfmemopt.estimate import estimate_memory  # noqa: E402
@@ -47,4 +53,8 @@ __all__ = [
     "estimate_memory",
     "MemoryEstimate",
     "AccumulatingOptimizer",
+    "checkpointing",
+    "CheckpointBlock",
+    "enable_checkpointing",
+    "disable_checkpointing",
 ]

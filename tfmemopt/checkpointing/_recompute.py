@@ -1,0 +1,213 @@
+"""The recompute core: one custom gradient that replays a Keras forward pass.
+
+`tf.recompute_grad` is unusable for Keras layers inside `fit` (PITFALLS.md):
+keyword arguments crash in graph mode, dropout masks are redrawn, the
+training flag is lost, BatchNorm updates twice, and resources captured in a
+`tf.while_loop` body break it. This module avoids every one of those by
+running the segment *statelessly*:
+
+- all Keras variables of the segment (weights, BatchNorm statistics and the
+  `SeedGenerator` states that dropout draws from) are read once, outside,
+  and passed to the custom gradient as plain tensors; inside, a
+  `keras.StatelessScope` maps each variable to its tensor, so the function
+  touches no resource at all (that is what `tf.while_loop` bodies need);
+- the forward pass collects the updates Keras makes under the scope (new
+  BatchNorm statistics, advanced seed states) and they are assigned once,
+  outside; the recompute starts from the same tensors, so dropout draws the
+  same masks, and its updates are thrown away;
+- only tensors cross the custom-gradient boundary, positionally; Python
+  values (`training=True`, masks given as `None`) stay in a closure;
+- the recompute is made to wait for the incoming gradient through a data
+  dependency (see `_after`), which grappler cannot remove, so the recomputed
+  activations are not merged back into the forward pass.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+from typing import Callable
+from typing import Sequence
+
+import keras
+import tensorflow as tf
+
+_local = threading.local()
+
+
+def _mapping_stack() -> list[dict[int, tf.Tensor]]:
+    if not hasattr(_local, "stack"):
+        _local.stack = []
+    return _local.stack
+
+
+def _read(variable) -> tf.Tensor:
+    """The variable's stored value, never autocast, honouring nesting."""
+    for mapping in reversed(_mapping_stack()):
+        if id(variable) in mapping:
+            return mapping[id(variable)]
+    # Keras wraps a `tf.Variable` (or a distributed one) in `_value`;
+    # `variable.value` would be cast to float16 under an autocast scope.
+    stored = getattr(variable, "_value", None)
+    if stored is None:
+        stored = variable.value
+    return tf.convert_to_tensor(stored)
+
+
+def _is_tensor(x) -> bool:
+    return isinstance(x, (tf.Tensor, tf.Variable)) or (
+        hasattr(x, "__tf_tensor__") and not isinstance(x, keras.Variable)
+    )
+
+
+def _after(tensors: Sequence[tf.Tensor], grads: Sequence) -> list:
+    """Returns `tensors` unchanged, but computable only once `grads` exist.
+
+    A control dependency is not enough: grappler's dependency optimizer
+    drops it in graph mode, then the recompute is merged with the forward
+    pass (same ops on the same inputs) and nothing is saved. A data
+    dependency survives: one element of one incoming gradient decides,
+    through `tf.where` on a predicate that is always true, which of two
+    identical values is taken.
+    """
+    probe = None
+    for g in grads:
+        if g is not None and g.dtype.is_floating and g.shape.rank != 0:
+            probe = tf.reshape(g, [-1])[:1]
+            break
+        if g is not None and g.dtype.is_floating:
+            probe = tf.reshape(g, [1])
+            break
+    if probe is None:
+        with tf.control_dependencies([g for g in grads if g is not None]):
+            return [tf.identity(t) for t in tensors]
+    # `x == x` is false only for NaN; `is_nan` or not, the result is `t`.
+    keep = tf.reduce_any(tf.logical_or(probe == probe, tf.math.is_nan(probe)))
+    return [tf.where(keep, t, t) for t in tensors]
+
+
+def checkpoint_call(
+    fn: Callable[..., Any],
+    args: tuple,
+    kwargs: dict,
+    variables: Sequence[keras.Variable],
+    replay: Callable[..., Any] | None = None,
+    owner: keras.layers.Layer | None = None,
+):
+    """Calls `fn(*args, **kwargs)`, keeping no activation inside it.
+
+    Args:
+        fn: Callable. The forward pass of the segment; it must read state
+            only through `variables`.
+        args: Tuple. Positional arguments; tensors anywhere in the nest are
+            passed through the gradient, everything else is captured.
+        kwargs: Dict. Keyword arguments, handled like `args`.
+        variables: Sequence of `keras.Variable`. Every variable `fn` reads
+            or assigns (use `layer.variables`, which includes seeds).
+        replay: Callable or `None`, defaults to `fn`. What the backward
+            pass runs to recompute the activations.
+        owner: Keras layer or `None`. Receives, through `add_loss`, the
+            losses that layers inside `fn` add (activity regularizers); they
+            are outputs of the custom gradient, so their gradient is exact.
+
+    Returns:
+        What `fn` returns.
+    """
+    replay = replay or fn
+    structure = (tuple(args), dict(kwargs))
+    flat = tf.nest.flatten(structure)
+    where = [i for i, x in enumerate(flat) if _is_tensor(x)]
+    tensors = [tf.convert_to_tensor(flat[i]) for i in where]
+    variables = _unique(variables)
+    values = [_read(v) for v in variables]
+    n_in = len(tensors)
+    out_structure = []
+    updates = []
+    n_loss = []
+
+    def rebuild(ts):
+        items = list(flat)
+        for i, t in zip(where, ts):
+            items[i] = t
+        return tf.nest.pack_sequence_as(structure, items)
+
+    def run(call, ts, vals):
+        a, k = rebuild(ts)
+        mapping = {id(v): x for v, x in zip(variables, vals)}
+        _mapping_stack().append(mapping)
+        try:
+            with keras.StatelessScope(
+                state_mapping=list(zip(variables, vals)),
+                collect_losses=True,
+                initialize_variables=False,
+            ) as scope:
+                out = call(*a, **k)
+        finally:
+            _mapping_stack().pop()
+        changed = []
+        for v, x in zip(variables, vals):
+            new = scope.get_current_value(v)
+            if new is not None and new is not x:
+                changed.append((v, new))
+        return out, changed, list(scope.losses)
+
+    @tf.custom_gradient
+    def segment(*xs):
+        out, changed, losses = run(fn, xs[:n_in], xs[n_in:])
+        updates.extend(changed)
+        out_structure.append(out)
+        n_loss.append(len(losses))
+        flat_out = [tf.convert_to_tensor(t) for t in tf.nest.flatten(out)]
+        flat_out += [tf.convert_to_tensor(t) for t in losses]
+
+        def grad(*dys, variables=None):
+            inputs = _after(list(xs[:n_in]), dys) + list(xs[n_in:])
+            with tf.GradientTape(watch_accessed_variables=False) as tape:
+                for x in inputs:
+                    if x.dtype.is_floating:
+                        tape.watch(x)
+                re_out, _, re_losses = run(replay, inputs[:n_in], inputs[n_in:])
+                re_flat = tf.nest.flatten(re_out) + list(re_losses)
+                if variables:
+                    tape.watch(variables)
+            pairs = [
+                (o, d)
+                for o, d in zip(re_flat, dys)
+                if d is not None and o.dtype.is_floating
+            ]
+            targets = list(inputs) + list(variables or [])
+            grads = tape.gradient(
+                [o for o, _ in pairs],
+                targets,
+                output_gradients=[tf.cast(d, o.dtype) for o, d in pairs],
+            )
+            in_grads = grads[: len(inputs)]
+            if variables:
+                return in_grads, grads[len(inputs) :]
+            return in_grads
+
+        return flat_out, grad
+
+    flat_out = list(segment(*tensors, *values))
+    for v, new in updates:
+        v.assign(new)
+    if n_loss[-1]:
+        losses = flat_out[-n_loss[-1] :]
+        flat_out = flat_out[: -n_loss[-1]]
+        if owner is None:
+            raise ValueError(
+                "Layers inside a checkpointed segment added losses "
+                f"({n_loss[-1]}), but no `owner` layer was given to receive "
+                "them. Pass `owner=` to `checkpoint_call`."
+            )
+        owner.add_loss(losses)
+    return tf.nest.pack_sequence_as(out_structure[-1], flat_out)
+
+
+def _unique(variables) -> list:
+    seen, out = set(), []
+    for v in variables:
+        if id(v) not in seen:
+            seen.add(id(v))
+            out.append(v)
+    return out

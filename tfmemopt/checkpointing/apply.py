@@ -1,0 +1,263 @@
+"""`enable_checkpointing` / `disable_checkpointing` on a built model."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import warnings
+
+import keras
+
+from tfmemopt.checkpointing import policies
+from tfmemopt.checkpointing._recompute import checkpoint_call
+from tfmemopt.checkpointing._safety import why_not_replayable
+from tfmemopt.checkpointing.block import CheckpointBlock
+
+_STATE = "_tfmemopt_checkpointing"
+_local = threading.local()
+
+
+@dataclasses.dataclass
+class CheckpointReport:
+    """What `enable_checkpointing` did.
+
+    Attributes:
+        policy: The policy as given (a name, or `"list"` / `"predicate"`).
+        mode: `"segments"` (the model's call runs its graph in checkpointed
+            segments) or `"layers"` (each chosen layer recomputes itself).
+        segments: One list of layer names per checkpointed segment.
+        skipped: `(layer name, reason)` for layers left out.
+    """
+
+    policy: str
+    mode: str
+    segments: list = dataclasses.field(default_factory=list)
+    skipped: list = dataclasses.field(default_factory=list)
+
+    def __str__(self) -> str:
+        lines = [
+            f"checkpointing policy={self.policy!r} mode={self.mode!r}: "
+            f"{len(self.segments)} segment(s)"
+        ]
+        for i, names in enumerate(self.segments):
+            lines.append(f"  segment {i}: {', '.join(names)}")
+        for name, why in self.skipped:
+            lines.append(f"  skipped {name}: {why}")
+        return "\n".join(lines)
+
+
+def enable_checkpointing(model: keras.Model, policy="auto") -> CheckpointReport:
+    """Recomputes activations of a built model in the backward pass, in place.
+
+    The model keeps its layers, weights, config and saved format; only how
+    its forward pass is run changes. Each checkpointed segment keeps just
+    its input for the backward pass and runs its forward pass once more
+    there, so peak activation memory falls to about one segment plus the
+    segment boundaries, for about one extra forward pass of compute (+30%
+    step time measured). Gradients stay exact (see `CheckpointBlock`).
+
+    The change is not saved with the model: after `keras.saving.load_model`
+    call this again (or use `tfmemopt.Model(..., checkpointing=policy)`,
+    whose config remembers it). Calling it on a compiled model drops the
+    traced train, test and predict functions so the next `fit` retraces.
+
+    Args:
+        model: A built `keras.Model` (functional, `Sequential` or
+            subclassed).
+        policy: String, list or callable, defaults to `"auto"`.
+            `"auto"`: segments of about sqrt(N) weighted layers, cut where a
+            single tensor carries everything on (functional and
+            `Sequential` models; subclassed models fall back to
+            `"blocks"`). `"blocks"`: every top-level layer made of
+            sub-layers (a transformer block, a residual unit) on its own.
+            A list of layers or layer names: each on its own. A callable
+            `fn(layer) -> bool`: every layer (at any depth) it accepts.
+
+    Returns:
+        A `CheckpointReport` naming the segments and any layer skipped.
+
+    Raises:
+        ValueError: unknown policy name, an empty policy or a policy that
+            selects nothing, a model that is not built, a layer name not in
+            the model; or checkpointing is already enabled.
+        TypeError: `model` is not a Keras model, or `policy` has a wrong
+            type.
+
+    Example:
+
+    >>> import keras, tfmemopt
+    >>> model = keras.Sequential(
+    ...     [keras.Input((32,))] + [keras.layers.Dense(32) for _ in range(9)])
+    >>> report = tfmemopt.enable_checkpointing(model, "auto")
+    >>> len(report.segments)
+    3
+    >>> tfmemopt.disable_checkpointing(model)
+    """
+    if not isinstance(model, keras.Model):
+        raise TypeError(
+            "`model` must be a keras.Model. Received: "
+            f"model={model!r} (of type {type(model).__name__})."
+        )
+    policies.validate_policy(policy)
+    if not model.built:
+        raise ValueError(
+            f"Model {model.name!r} is not built. Call it on data or call "
+            "`model.build(input_shape)` before `enable_checkpointing`."
+        )
+    if getattr(model, _STATE, None) is not None:
+        raise ValueError(
+            f"Checkpointing is already enabled on model {model.name!r}. "
+            "Call `tfmemopt.disable_checkpointing(model)` first to change "
+            "the policy."
+        )
+    name = (
+        policy
+        if isinstance(policy, str)
+        else ("predicate" if callable(policy) else "list")
+    )
+    report = CheckpointReport(policy=name, mode="layers")
+    state = {"report": report, "patched": [], "model_call": False}
+    if policy == "auto":
+        segments = policies.auto_segments(model)
+        if segments is not None:
+            _enable_segments(model, segments, report, state)
+        else:
+            policy = "blocks"
+    if not state["model_call"]:
+        for layer in policies.select_layers(model, policy):
+            reason = why_not_replayable(layer)
+            if reason is not None:
+                _skip(report, layer.name, reason)
+                continue
+            _patch_layer(layer)
+            state["patched"].append(layer)
+            report.segments.append([layer.name])
+    if not report.segments:
+        raise ValueError(
+            f"Checkpointing policy {name!r} selected no layer of model "
+            f"{model.name!r} (skipped: {report.skipped or 'none'}). For a "
+            "model of plain layers use 'auto'; 'blocks' needs top-level "
+            "layers made of sub-layers."
+        )
+    object.__setattr__(model, _STATE, state)
+    _drop_traced_functions(model)
+    return report
+
+
+def disable_checkpointing(model: keras.Model) -> None:
+    """Undoes `enable_checkpointing`: the model runs as it was built.
+
+    Args:
+        model: A `keras.Model` on which `enable_checkpointing` was called;
+            any other model is left as it is.
+
+    Example:
+
+    >>> import keras, tfmemopt
+    >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(4)])
+    >>> _ = tfmemopt.enable_checkpointing(model, [model.layers[0]])
+    >>> tfmemopt.disable_checkpointing(model)
+    """
+    state = getattr(model, _STATE, None)
+    if state is None:
+        return
+    for layer in state["patched"]:
+        layer.__dict__.pop("call", None)
+    if state["model_call"]:
+        model.__dict__.pop("call", None)
+    object.__setattr__(model, _STATE, None)
+    _drop_traced_functions(model)
+
+
+def checkpointing_report(model: keras.Model) -> CheckpointReport | None:
+    """The report of the checkpointing enabled on `model`, or `None`."""
+    state = getattr(model, _STATE, None)
+    return None if state is None else state["report"]
+
+
+def _skip(report, name, reason):
+    report.skipped.append((name, reason))
+    warnings.warn(
+        f"tfmemopt checkpointing skipped layer {name!r}: {reason}.",
+        stacklevel=3,
+    )
+
+
+def _enable_segments(model, segments, report, state):
+    ops = policies.top_level(model)
+    stages = []
+    for k, (start, stop) in enumerate(segments):
+        inputs = model.input if k == 0 else ops[start - 1].output
+        outputs = (
+            model.output if k == len(segments) - 1 else (ops[stop - 1].output)
+        )
+        names = [op.name for op in ops[start:stop]]
+        reasons = [
+            why_not_replayable(op)
+            for op in ops[start:stop]
+            if isinstance(op, keras.layers.Layer)
+        ]
+        reasons = [r for r in reasons if r]
+        sub = keras.Model(inputs, outputs, name=f"{model.name}_seg{k}")
+        if reasons:
+            _skip(report, "+".join(names), reasons[0])
+            stages.append(sub)
+        else:
+            stages.append(CheckpointBlock(sub, name=f"{model.name}_ckpt{k}"))
+            report.segments.append(names)
+
+    def call(inputs, training=None, mask=None, **kwargs):
+        x = inputs
+        for stage in stages:
+            x = stage(x, training=training)
+        return x
+
+    object.__setattr__(model, "call", call)
+    state["model_call"] = True
+    state["stages"] = stages
+    report.mode = "segments"
+
+
+def _replaying() -> set:
+    if not hasattr(_local, "ids"):
+        _local.ids = set()
+    return _local.ids
+
+
+def _patch_layer(layer):
+    """Makes `layer.call` recompute itself; its `__call__` replays it."""
+    original = layer.call
+
+    def call(*args, **kwargs):
+        if id(layer) in _replaying() or kwargs.get("training") is False:
+            return original(*args, **kwargs)
+        training = kwargs.get("training")
+        if training is None:
+            context = getattr(layer, "_get_call_context", lambda: None)()
+            training = getattr(context, "training", None)
+
+        def replay(*a, **k):
+            if training is not None and "training" not in k:
+                k["training"] = training
+            _replaying().add(id(layer))
+            try:
+                return layer(*a, **k)
+            finally:
+                _replaying().discard(id(layer))
+
+        return checkpoint_call(
+            original,
+            args,
+            kwargs,
+            layer.variables,
+            replay=replay,
+            owner=layer,
+        )
+
+    object.__setattr__(layer, "call", call)
+
+
+def _drop_traced_functions(model):
+    for attr in ("train_function", "test_function", "predict_function"):
+        if getattr(model, attr, None) is not None:
+            setattr(model, attr, None)
