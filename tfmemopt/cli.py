@@ -1,0 +1,301 @@
+"""The `tfmemopt` command: `tfmemopt estimate`, `tfmemopt doctor`, ...
+
+Each subcommand is one function registered with `@subcommand(name, help)`;
+its `arguments` function (optional) adds its options to an `argparse`
+parser. To add `tfmemopt plan`, write in this module (or in a module that
+this one imports in `_load_plugins`):
+
+    def _plan_arguments(parser):
+        parser.add_argument("model")
+
+    @subcommand("plan", "Choose settings that fit.", _plan_arguments)
+    def _plan(args) -> int:
+        ...
+        return 0
+
+TensorFlow is imported inside the subcommands, so `--help` is quick.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Callable
+
+# name -> (help, add_arguments(parser), run(args) -> exit code)
+COMMANDS: dict[str, tuple[str, Callable, Callable]] = {}
+
+_INSTALL = {
+    "nvidia-ml-py": "GPU memory through NVML (`pip install nvidia-ml-py`)",
+    "matplotlib": "memory plots (`pip install matplotlib`)",
+    "psutil": "host memory readings (`pip install psutil`)",
+}
+
+
+def subcommand(name: str, help: str, arguments: Callable | None = None):
+    """Registers `run(args) -> int` as `tfmemopt <name>`."""
+
+    def register(run):
+        COMMANDS[name] = (help, arguments or (lambda parser: None), run)
+        return run
+
+    return register
+
+
+def _quiet_tensorflow():
+    # Only effective when TensorFlow is not imported yet. Note that
+    # TF_ENABLE_ONEDNN_OPTS (CPU memory statistics) must be set by the user's
+    # shell: importing tfmemopt has imported TensorFlow already.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def _units(n) -> str:
+    from tfmemopt.estimate import _units as units
+
+    return units(n)
+
+
+# --- estimate -------------------------------------------------------------
+
+
+def _checkpointing_arg(value: str):
+    if value.lower() in ("none", "off", "false"):
+        return None
+    if value.isdigit():
+        return int(value)
+    return value
+
+
+def _estimate_arguments(parser):
+    parser.add_argument("model", help="path of a saved model (.keras)")
+    parser.add_argument(
+        "--batch-size", type=int, required=True, help="global batch size"
+    )
+    parser.add_argument(
+        "--optimizer",
+        default=None,
+        help="optimizer name (default: the saved one, else adam)",
+    )
+    parser.add_argument(
+        "--policy",
+        default=None,
+        help="dtype policy, e.g. mixed_bfloat16 (default: the model's)",
+    )
+    parser.add_argument("--accumulation-steps", type=int, default=1)
+    parser.add_argument(
+        "--checkpointing",
+        type=_checkpointing_arg,
+        default=None,
+        help="none, auto, blocks, or layers per segment",
+    )
+    parser.add_argument("--replicas", type=int, default=1)
+    parser.add_argument(
+        "--json", action="store_true", help="print JSON instead of a table"
+    )
+
+
+@subcommand(
+    "estimate",
+    "Estimate the memory of one training step of a saved model.",
+    _estimate_arguments,
+)
+def _estimate(args) -> int:
+    if not os.path.isfile(args.model):
+        print(
+            f"tfmemopt estimate: no such file: {args.model!r}. Pass the path "
+            "of a model saved with `model.save('model.keras')`.",
+            file=sys.stderr,
+        )
+        return 2
+    _quiet_tensorflow()
+    import keras
+
+    import tfmemopt  # noqa: F401 - registers tfmemopt's serializable objects
+    from tfmemopt.estimate import estimate_memory
+
+    try:
+        model = keras.saving.load_model(args.model)
+    except Exception:  # a saved optimizer or loss that cannot be rebuilt
+        model = keras.saving.load_model(args.model, compile=False)
+    try:
+        estimate = estimate_memory(
+            model,
+            args.batch_size,
+            optimizer=args.optimizer,
+            policy=args.policy,
+            accumulation_steps=args.accumulation_steps,
+            checkpointing=args.checkpointing,
+            replicas=args.replicas,
+        )
+    except (ValueError, TypeError) as e:
+        print(f"tfmemopt estimate: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(estimate.to_dict(), indent=2))
+    else:
+        print(estimate.table())
+    return 0
+
+
+# --- doctor ---------------------------------------------------------------
+
+
+def _doctor_arguments(parser):
+    parser.add_argument(
+        "--json", action="store_true", help="print JSON instead of text"
+    )
+
+
+def doctor_report() -> dict:
+    """What `tfmemopt doctor` finds, as a dict (JSON-serialisable)."""
+    _quiet_tensorflow()
+    import keras
+    import tensorflow as tf
+
+    from tfmemopt import memory
+
+    report = {
+        "tensorflow": tf.__version__,
+        "keras": keras.__version__,
+        "python": sys.version.split()[0],
+        "TF_ENABLE_ONEDNN_OPTS": os.environ.get("TF_ENABLE_ONEDNN_OPTS"),
+        "devices": [],
+        "missing": {},
+    }
+    for name in memory.local_devices():
+        entry = {"device": name, "stats": False}
+        with tf.device(name):  # the allocator exists once it is used
+            tf.constant(0.0) + 1.0
+        try:
+            info = memory.device_memory(name)
+            entry.update(stats=True, current=info["current"], peak=info["peak"])
+        except memory.MemoryStatsUnavailable as e:
+            entry["why"] = str(e)
+        if name.startswith("GPU") and memory.nvml_available():
+            nvml = memory.nvml_memory(name)
+            if nvml:
+                entry["nvml"] = nvml
+        report["devices"].append(entry)
+    try:
+        import psutil
+
+        report["host_memory"] = int(psutil.virtual_memory().total)
+    except ImportError:
+        report["missing"]["psutil"] = _INSTALL["psutil"]
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        report["missing"]["matplotlib"] = _INSTALL["matplotlib"]
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus and not memory.nvml_available():
+        report["missing"]["nvidia-ml-py"] = _INSTALL["nvidia-ml-py"]
+    try:
+        from tfmemopt import mixed_precision
+    except ImportError:
+        report["auto_policy"] = None
+    else:
+        try:
+            hardware = mixed_precision.detect_hardware()
+            policy, why = mixed_precision.choose_policy(hardware)
+            report["auto_policy"] = {"policy": policy, "why": why}
+        except Exception as e:  # doctor reports, it never crashes
+            report["auto_policy"] = {"policy": None, "why": repr(e)}
+    return report
+
+
+def _doctor_text(report: dict) -> str:
+    lines = [
+        f"TensorFlow {report['tensorflow']}, Keras {report['keras']}, "
+        f"Python {report['python']}",
+    ]
+    if "host_memory" in report:
+        lines.append(f"Host memory: {_units(report['host_memory'])}")
+    lines.append("Devices:")
+    for d in report["devices"]:
+        if d["stats"]:
+            lines.append(
+                f"  {d['device']}: memory statistics available "
+                f"(in use {_units(d['current'])}, peak {_units(d['peak'])})"
+            )
+        else:
+            lines.append(f"  {d['device']}: no memory statistics")
+            if d["device"].startswith("CPU"):
+                lines.append(
+                    "    CPU statistics need oneDNN's allocator: set "
+                    "TF_ENABLE_ONEDNN_OPTS=1 before TensorFlow is imported "
+                    f"(now: {report['TF_ENABLE_ONEDNN_OPTS']})."
+                )
+        if "nvml" in d:
+            lines.append(f"    NVML: {d['nvml']}")
+    auto = report.get("auto_policy")
+    if auto is None:
+        lines.append("configure('auto'): tfmemopt.mixed_precision not found")
+    else:
+        lines.append(f"configure('auto') would choose {auto['policy']}")
+        lines.append(f"  because: {auto['why']}")
+    if report["missing"]:
+        lines.append("Missing (install for):")
+        for package, why in report["missing"].items():
+            lines.append(f"  {package}: {why}")
+    else:
+        lines.append("Nothing missing.")
+    return "\n".join(lines)
+
+
+@subcommand(
+    "doctor",
+    "Report versions, devices, memory statistics and what is missing.",
+    _doctor_arguments,
+)
+def _doctor(args) -> int:
+    report = doctor_report()
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+    else:
+        print(_doctor_text(report))
+    return 0
+
+
+# --- entry point ----------------------------------------------------------
+
+
+def _load_plugins():
+    """Imports modules that register more subcommands, if they exist."""
+    import importlib
+
+    for module in ("tfmemopt._cli_plan",):
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            pass
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `tfmemopt` parser with one subparser per registered command."""
+    _load_plugins()
+    parser = argparse.ArgumentParser(
+        prog="tfmemopt",
+        description="Memory tools for training Keras models on TensorFlow.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (help, arguments, run) in COMMANDS.items():
+        sub = subparsers.add_parser(name, help=help, description=help)
+        arguments(sub)
+        sub.set_defaults(run=run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs `tfmemopt ...`; returns the exit code (0 success, 2 bad input)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "run", None) is None:
+        parser.print_help()
+        return 2
+    return int(args.run(args))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
