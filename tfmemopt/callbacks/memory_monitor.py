@@ -7,27 +7,13 @@ import warnings
 import keras
 
 from tfmemopt import memory
-from tfmemopt.memory._device import _canonical
+from tfmemopt.callbacks._devices import candidate_devices
+from tfmemopt.callbacks._devices import check_device_name
+from tfmemopt.callbacks._devices import no_stats_message
+from tfmemopt.callbacks._summary import format_summary
+from tfmemopt.callbacks._summary import peaks
 
 _RESET_CHOICES = ("batch", "epoch", "train", None)
-_KINDS = ("CPU", "GPU", "TPU")
-
-
-def _check_device_name(device) -> str:
-    if not isinstance(device, str):
-        raise TypeError(
-            "`devices` must be 'auto', a device name or a list of device "
-            "names such as ['GPU:0', 'GPU:1']. Received an entry "
-            f"{device!r} (of type {type(device).__name__})."
-        )
-    name = _canonical(device)
-    kind, _, index = name.partition(":")
-    if kind not in _KINDS or not index.isdigit():
-        raise ValueError(
-            f"Unknown device name {device!r} in `devices`: expected a name "
-            "like 'GPU:0', 'TPU:0' or 'CPU:0', or devices='auto'."
-        )
-    return name
 
 
 class MemoryMonitor(keras.callbacks.Callback):
@@ -56,7 +42,8 @@ class MemoryMonitor(keras.callbacks.Callback):
     Epoch logs carry the same keys: `current_mib` at the end of the epoch,
     `peak_mib` the highest reading during the epoch (validation included).
     On CPU, logical devices (`CPU:0`, `CPU:1`) share one allocator and
-    report the same numbers. Where a device keeps no statistics (CPU
+    report the same numbers, and oneDNN's allocator counts only allocations
+    of 256 KiB or more (smaller tensors do not show). Where a device keeps no statistics (CPU
     without oneDNN), the monitor warns once and logs host memory only.
 
     Cost: after each logged batch, one allocator query per device (a few
@@ -108,9 +95,9 @@ class MemoryMonitor(keras.callbacks.Callback):
         if isinstance(devices, str) and devices == "auto":
             self._requested = "auto"
         elif isinstance(devices, str):
-            self._requested = [_check_device_name(devices)]
+            self._requested = [check_device_name(devices)]
         elif isinstance(devices, (list, tuple)) and devices:
-            self._requested = [_check_device_name(d) for d in devices]
+            self._requested = [check_device_name(d) for d in devices]
         else:
             raise TypeError(
                 "`devices` must be 'auto', a device name or a non-empty "
@@ -154,32 +141,9 @@ class MemoryMonitor(keras.callbacks.Callback):
 
     # -- device selection --------------------------------------------------
 
-    def _candidates(self) -> tuple[list, set]:
-        """(devices to try, those whose missing stats deserve a warning)."""
-        local = memory.local_devices()
-        if self._requested != "auto":
-            unknown = [d for d in self._requested if d not in local]
-            if unknown:
-                raise ValueError(
-                    f"MemoryMonitor: unknown device(s) {unknown}. This "
-                    f"process sees {local}; pass some of those, or "
-                    "devices='auto'."
-                )
-            return list(self._requested), set(self._requested)
-        accelerators = [d for d in local if not d.startswith("CPU")]
-        strategy = getattr(self.model, "distribute_strategy", None)
-        replicas = memory.replica_devices(strategy)
-        wanted = set(accelerators) | set(replicas)
-        if not accelerators and not replicas:
-            wanted.add("CPU:0")  # the only device that computes here
-        ordered = []
-        for name in accelerators + replicas + ["CPU:0"]:
-            if name not in ordered:
-                ordered.append(name)
-        return ordered, wanted
-
     def _resolve_devices(self) -> None:
-        candidates, wanted = self._candidates()
+        strategy = getattr(self.model, "distribute_strategy", None)
+        candidates, wanted = candidate_devices(self._requested, strategy)
         self.devices = [d for d in candidates if memory.stats_available(d)]
         missing = [
             d
@@ -188,24 +152,8 @@ class MemoryMonitor(keras.callbacks.Callback):
         ]
         if missing:
             self._warned.update(missing)
-            host = (
-                f" Logging host memory ({self.prefix}/host/rss_mib) only."
-                if self.host
-                else ""
-            )
-            hint = ""
-            if any(d.startswith("CPU") for d in missing):
-                hint = (
-                    " On CPU the statistics come from oneDNN's allocator: "
-                    "set TF_ENABLE_ONEDNN_OPTS=1 before TensorFlow is "
-                    "imported."
-                )
-            warnings.warn(
-                "MemoryMonitor: no allocator memory statistics for "
-                f"{', '.join(missing)}.{host}{hint}",
-                UserWarning,
-                stacklevel=3,
-            )
+            message = no_stats_message(missing, self.prefix, self.host)
+            warnings.warn(message, UserWarning, stacklevel=3)
         self._nvml_devices = [
             d
             for d in self.devices
@@ -318,24 +266,7 @@ class MemoryMonitor(keras.callbacks.Callback):
             every device in `records` (`"host"` with its RSS), taken from the
             batch records (from the epoch records when no batch was read).
         """
-        rows = [r for r in self.records if r["kind"] == "batch"]
-        rows = rows or self.records
-        result = {}
-        for row in rows:
-            for key, value in row.items():
-                if not key.startswith(self.prefix + "/"):
-                    continue
-                device, what = key[len(self.prefix) + 1 :].rsplit("/", 1)
-                if what not in ("peak_mib", "rss_mib"):
-                    continue
-                best = result.get(device)
-                if best is None or value > best["peak_mib"]:
-                    result[device] = {
-                        "peak_mib": value,
-                        "step": row["step"],
-                        "epoch": row["epoch"],
-                    }
-        return result
+        return peaks(self.records, self.prefix)
 
     def summary(self) -> str:
         """A table: per device, the peak MiB and the step where it happened.
@@ -344,22 +275,7 @@ class MemoryMonitor(keras.callbacks.Callback):
             The table as a string (also printed at the end of `fit` unless
             `verbose=0`).
         """
-        peaks = self.peaks()
-        if not peaks:
-            return "MemoryMonitor: nothing recorded (call after `fit`)."
-        last = self.records[-1]
-        lines = [
-            "MemoryMonitor summary (MiB; host = process RSS)",
-            f"{'device':<10}{'peak':>12}{'at step':>9}{'epoch':>7}{'last':>12}",
-        ]
-        for device, best in peaks.items():
-            what = "rss_mib" if device == "host" else "current_mib"
-            now = last.get(self._key(device, what), float("nan"))
-            lines.append(
-                f"{device:<10}{best['peak_mib']:>12.1f}{best['step']:>9}"
-                f"{best['epoch'] + 1:>7}{now:>12.1f}"
-            )
-        return "\n".join(lines)
+        return format_summary(self.records, self.prefix)
 
     def plot(self, path: str, dpi: int = 100) -> str:
         """Writes a PNG of current and peak MiB against step.
