@@ -187,11 +187,15 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
         if self.built:
             return
         self._micro_step = self.add_variable(
-            (), dtype="int32", aggregation="only_first_replica",
+            (),
+            dtype="int32",
+            aggregation="only_first_replica",
             name="micro_step",
         )
         self._skip_window = self.add_variable(
-            (), dtype="int32", aggregation="only_first_replica",
+            (),
+            dtype="int32",
+            aggregation="only_first_replica",
             name="skip_window",
         )
         self._item_count = self._add_accumulator((), None, "item_count")
@@ -387,7 +391,14 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
         )
 
     def finalize_variable_values(self, var_list):
-        self.inner_optimizer.finalize_variable_values(var_list)
+        # `fit` calls this at its end, possibly mid-window: before the first
+        # update the inner optimizer's EMA averages are still zeros.
+        def finalize():
+            self.inner_optimizer.finalize_variable_values(var_list)
+
+        if not self.built:
+            return
+        ops.cond(ops.greater(self.iterations, 0), finalize, lambda: None)
 
     def get_config(self):
         return {

@@ -1,0 +1,370 @@
+"""Tests for `tfmemopt.AccumulatingOptimizer`.
+
+References are full-batch training with the unwrapped inner optimizer, or
+values worked out by hand. Multi-device and fresh-process runs are in
+subprocesses (see conftest.run_in_subprocess).
+"""
+
+import json
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import run_in_subprocess
+
+import tfmemopt
+from tfmemopt import AccumulatingOptimizer
+
+N_MICRO = 4
+MICRO = 8
+RTOL = 1e-6
+
+
+def _data(n=64, seed=0):
+    rng = np.random.RandomState(seed)
+    x = rng.rand(n, 4).astype("float32")
+    y = rng.rand(n, 1).astype("float32")
+    return x, y
+
+
+def _model():
+    keras.utils.set_random_seed(1)
+    return keras.Sequential(
+        [
+            keras.Input((4,)),
+            keras.layers.Dense(5, activation="tanh"),
+            keras.layers.Dense(1),
+        ]
+    )
+
+
+def _max_rel_diff(a_weights, b_weights):
+    scale = max(np.abs(w).max() for w in a_weights)
+    diff = max(np.abs(a - b).max() for a, b in zip(a_weights, b_weights))
+    return diff / scale
+
+
+def _fit_pair(make_inner, epochs=3, **compile_kwargs):
+    """Full batch with `inner` against micro-batches with the wrapper."""
+    x, y = _data()
+    full = _model()
+    full.compile(make_inner(), "mse", **compile_kwargs)
+    full.fit(
+        x,
+        y,
+        batch_size=N_MICRO * MICRO,
+        epochs=epochs,
+        shuffle=False,
+        verbose=0,
+    )
+    acc = _model()
+    acc.compile(
+        AccumulatingOptimizer(make_inner(), N_MICRO), "mse", **compile_kwargs
+    )
+    acc.fit(x, y, batch_size=MICRO, epochs=epochs, shuffle=False, verbose=0)
+    updates = epochs * len(x) // (N_MICRO * MICRO)
+    return full, acc, updates
+
+
+OPTIMIZERS = {
+    "sgd_momentum": lambda: keras.optimizers.SGD(0.1, momentum=0.9),
+    "adam": lambda: keras.optimizers.Adam(0.01),
+    "adamw": lambda: keras.optimizers.AdamW(0.01, weight_decay=0.1),
+    "schedule": lambda: keras.optimizers.SGD(
+        keras.optimizers.schedules.ExponentialDecay(0.5, 1, 0.5)
+    ),
+    "ema": lambda: keras.optimizers.Adam(0.05, use_ema=True, ema_momentum=0.5),
+    "clipnorm": lambda: keras.optimizers.SGD(0.5, clipnorm=0.01),
+    "global_clipnorm": lambda: keras.optimizers.SGD(0.5, global_clipnorm=0.01),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_fit_equals_full_batch(name):
+    full, acc, updates = _fit_pair(OPTIMIZERS[name])
+    assert _max_rel_diff(full.get_weights(), acc.get_weights()) <= RTOL
+    assert int(acc.optimizer.iterations) == updates
+    assert int(acc.optimizer.inner_optimizer.iterations) == updates
+    assert int(acc.optimizer.micro_step) == 0
+
+
+@pytest.mark.parametrize("name", ["schedule", "ema"])
+def test_keras_builtin_accumulation_differs(name):
+    """The references above are sensitive: Keras's own accumulation is off."""
+    x, y = _data()
+    full = _model()
+    full.compile(OPTIMIZERS[name](), "mse")
+    full.fit(x, y, batch_size=32, epochs=3, shuffle=False, verbose=0)
+    builtin = _model()
+    inner = OPTIMIZERS[name]()
+    config = inner.get_config()
+    config["gradient_accumulation_steps"] = N_MICRO
+    builtin.compile(type(inner).from_config(config), "mse")
+    builtin.fit(x, y, batch_size=MICRO, epochs=3, shuffle=False, verbose=0)
+    assert _max_rel_diff(full.get_weights(), builtin.get_weights()) > 1e-4
+
+
+def test_jit_compile_and_steps_per_execution():
+    full, acc, updates = _fit_pair(
+        OPTIMIZERS["adam"], jit_compile=True, steps_per_execution=4
+    )
+    assert _max_rel_diff(full.get_weights(), acc.get_weights()) <= RTOL
+    assert int(acc.optimizer.iterations) == updates
+
+
+def test_values_by_hand():
+    opt = AccumulatingOptimizer(keras.optimizers.SGD(0.5), 2)
+    w = keras.Variable(np.array([1.0, 1.0], "float32"))
+    opt.apply_gradients([(np.array([1.0, 2.0], "float32"), w)])
+    np.testing.assert_array_equal(w.numpy(), [1.0, 1.0])
+    assert int(opt.micro_step) == 1
+    opt.apply_gradients([(np.array([3.0, 0.0], "float32"), w)])
+    # mean gradient [2, 1], lr 0.5
+    np.testing.assert_allclose(w.numpy(), [0.0, 0.5])
+    assert int(opt.iterations) == 1
+    assert int(opt.micro_step) == 0
+
+
+def test_gradient_tape_loop_equals_full_batch():
+    x, y = _data()
+    loss_fn = keras.losses.MeanSquaredError()
+
+    full = _model()
+    full_opt = keras.optimizers.Adam(0.01)
+    acc = _model()
+    acc_opt = AccumulatingOptimizer(keras.optimizers.Adam(0.01), N_MICRO)
+
+    def make_step(model, opt):
+        @tf.function
+        def step(xb, yb):
+            with tf.GradientTape() as tape:
+                loss = loss_fn(yb, model(xb, training=True))
+            grads = tape.gradient(loss, model.trainable_variables)
+            opt.apply_gradients(zip(grads, model.trainable_variables))
+
+        return step
+
+    full_step, acc_step = make_step(full, full_opt), make_step(acc, acc_opt)
+    for start in range(0, len(x), N_MICRO * MICRO):
+        full_step(x[start : start + 32], y[start : start + 32])
+    for start in range(0, len(x), MICRO):
+        acc_step(x[start : start + MICRO], y[start : start + MICRO])
+    assert _max_rel_diff(full.get_weights(), acc.get_weights()) <= RTOL
+    assert int(acc_opt.iterations) == len(x) // (N_MICRO * MICRO)
+
+
+def _masked_loss(y, pred, mask):
+    """Sum of squared errors over valid rows / number of valid rows."""
+    err = tf.reduce_sum(tf.square(y - pred), axis=-1) * mask
+    count = tf.reduce_sum(mask)
+    return tf.reduce_sum(err) / count, count
+
+
+def test_num_items_weights_by_valid_count():
+    x, y = _data(32)
+    mask = np.ones(32, "float32")
+    mask[[1, 2, 3, 4, 5, 9, 17, 18]] = 0.0  # micro-batches: 3, 7, 6, 8 valid
+
+    def trained(num_items_mode):
+        model = _model()
+        inner = keras.optimizers.SGD(0.5)
+        if num_items_mode == "full":
+            with tf.GradientTape() as tape:
+                loss, _ = _masked_loss(y, model(x), mask)
+            grads = tape.gradient(loss, model.trainable_variables)
+            inner.apply_gradients(zip(grads, model.trainable_variables))
+            return model.get_weights()
+        opt = AccumulatingOptimizer(inner, N_MICRO)
+        for s in range(0, 32, MICRO):
+            with tf.GradientTape() as tape:
+                loss, count = _masked_loss(
+                    y[s : s + MICRO], model(x[s : s + MICRO]), mask[s : s + 8]
+                )
+            grads = tape.gradient(loss, model.trainable_variables)
+            opt.apply_gradients(
+                zip(grads, model.trainable_variables),
+                num_items=count if num_items_mode == "weighted" else None,
+            )
+        assert int(opt.iterations) == 1
+        return model.get_weights()
+
+    full = trained("full")
+    assert _max_rel_diff(full, trained("weighted")) <= RTOL
+    # Without the counts the window is a plain mean: measurably off.
+    assert _max_rel_diff(full, trained("plain")) > 1e-3
+
+
+def test_loss_scale_optimizer_skips_whole_window():
+    """LSO(Accumulating): values by hand, one bad micro-step of four."""
+    w = keras.Variable(np.ones(2, "float32"))
+    lso = keras.optimizers.LossScaleOptimizer(
+        AccumulatingOptimizer(keras.optimizers.SGD(0.5), 4), initial_scale=8.0
+    )
+
+    @tf.function
+    def step(g):
+        lso.apply_gradients([(g, w)])
+
+    bad_window = [[8.0, 16.0], [np.inf, 0.0], [8.0, 8.0], [0.0, 8.0]]
+    for g in bad_window:
+        step(tf.constant(g, "float32"))
+    np.testing.assert_array_equal(w.numpy(), [1.0, 1.0])
+    assert float(lso.dynamic_scale) == 4.0  # lowered once
+    assert int(lso.iterations) == 0
+    assert int(lso.inner_optimizer.micro_step) == 0
+    for g in [[4.0, 8.0], [4.0, 0.0], [0.0, 8.0], [8.0, 0.0]]:
+        step(tf.constant(g, "float32"))
+    # unscaled mean gradient [1, 1] at scale 4, lr 0.5
+    np.testing.assert_allclose(w.numpy(), [0.5, 0.5])
+    assert int(lso.iterations) == 1
+    assert float(lso.dynamic_scale) == 4.0
+
+
+def test_mixed_float16_compile_skips_window():
+    keras.config.set_dtype_policy("mixed_float16")
+    x, y = _data(64)
+    x[10] = np.inf  # second micro-batch of the first window
+    model = _model()
+    model.compile(AccumulatingOptimizer(keras.optimizers.Adam(0.01), 4), "mse")
+    assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+    model.optimizer.build(model.trainable_variables)
+    before = [w.copy() for w in model.get_weights()]
+    scale = float(model.optimizer.dynamic_scale)
+    for s in range(0, 32, MICRO):
+        model.train_on_batch(x[s : s + MICRO], y[s : s + MICRO])
+    for a, b in zip(before, model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    assert float(model.optimizer.dynamic_scale) == scale / 2
+    assert int(model.optimizer.iterations) == 0
+    for s in range(32, 64, MICRO):
+        model.train_on_batch(x[s : s + MICRO], y[s : s + MICRO])
+    assert int(model.optimizer.iterations) == 1
+    after = model.get_weights()
+    assert all(np.isfinite(w).all() for w in after)
+    assert max(np.abs(a - b).max() for a, b in zip(before, after)) > 0
+
+
+def test_config_round_trip_and_keras_save(tmp_path):
+    opt = AccumulatingOptimizer(
+        keras.optimizers.Adam(0.01, clipnorm=1.0), 3, name="acc"
+    )
+    config = opt.get_config()
+    clone = AccumulatingOptimizer.from_config(json.loads(json.dumps(config)))
+    assert clone.get_config() == config
+    assert clone.inner_optimizer.clipnorm == 1.0
+    x, y = _data(32)
+    model = _model()
+    model.compile(opt, "mse")
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)  # 4 micro-steps
+    path = str(tmp_path / "m.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    assert isinstance(loaded.optimizer, AccumulatingOptimizer)
+    assert loaded.optimizer.accumulation_steps == 3
+    assert int(loaded.optimizer.micro_step) == 1
+    np.testing.assert_array_equal(
+        model.predict(x, verbose=0), loaded.predict(x, verbose=0)
+    )
+
+
+_SAVE_MID_WINDOW = """
+import numpy as np, keras, tensorflow as tf, tfmemopt
+from test_accumulating_optimizer import _data, _model
+x, y = _data()
+model = _model()
+model.compile(tfmemopt.AccumulatingOptimizer(
+    keras.optimizers.Adam(0.01, use_ema=True), 4), "mse")
+model.fit(x[:16], y[:16], batch_size=8, epochs=1, shuffle=False, verbose=0)
+model.save(r"{dir}/m.keras")
+tf.train.Checkpoint(model=model, optimizer=model.optimizer).write(
+    r"{dir}/ckpt")
+emit(int(model.optimizer.micro_step))
+"""
+
+_RESTORE_AND_CONTINUE = """
+import numpy as np, keras, tensorflow as tf, tfmemopt
+from test_accumulating_optimizer import _data, _model
+x, y = _data()
+out = {{}}
+keras_model = keras.saving.load_model(r"{dir}/m.keras")
+ckpt_model = _model()
+ckpt_model.compile(tfmemopt.AccumulatingOptimizer(
+    keras.optimizers.Adam(0.01, use_ema=True), 4), "mse")
+ckpt_model.optimizer.build(ckpt_model.trainable_variables)
+tf.train.Checkpoint(model=ckpt_model, optimizer=ckpt_model.optimizer).read(
+    r"{dir}/ckpt").assert_existing_objects_matched()
+for name, m in [("keras", keras_model), ("ckpt", ckpt_model)]:
+    step = int(m.optimizer.micro_step)
+    m.fit(x[16:], y[16:], batch_size=8, epochs=1, shuffle=False, verbose=0)
+    out[name] = dict(step=step, iterations=int(m.optimizer.iterations),
+                     weights=[w.tolist() for w in m.get_weights()])
+emit(out)
+"""
+
+
+def test_save_mid_window_restore_in_fresh_process(tmp_path):
+    env = {"PYTHONPATH": f"{tmp_path}:{__file__.rsplit('/', 1)[0]}"}
+    assert (
+        run_in_subprocess(
+            _SAVE_MID_WINDOW.format(dir=tmp_path), n_cpus=1, env=env
+        )
+        == 2
+    )
+    result = run_in_subprocess(
+        _RESTORE_AND_CONTINUE.format(dir=tmp_path), n_cpus=1, env=env
+    )
+    x, y = _data()
+    ref = _model()
+    ref.compile(
+        AccumulatingOptimizer(keras.optimizers.Adam(0.01, use_ema=True), 4),
+        "mse",
+    )
+    ref.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    for name in ("keras", "ckpt"):
+        assert result[name]["step"] == 2
+        assert result[name]["iterations"] == int(ref.optimizer.iterations)
+        got = [np.array(w) for w in result[name]["weights"]]
+        assert _max_rel_diff(ref.get_weights(), got) <= RTOL, name
+
+
+@pytest.mark.parametrize(
+    "steps, match",
+    [
+        (0, "integer >= 1"),
+        (2.0, "integer >= 1"),
+        (True, "integer >= 1"),
+        ("4", "accumulation_steps=4"),
+    ],
+)
+def test_bad_accumulation_steps(steps, match):
+    with pytest.raises(ValueError, match=match):
+        AccumulatingOptimizer(keras.optimizers.SGD(), steps)
+
+
+def test_bad_inner_optimizers():
+    with pytest.raises(ValueError, match="pass `accumulation_steps=3`"):
+        AccumulatingOptimizer(
+            keras.optimizers.SGD(gradient_accumulation_steps=3), 3
+        )
+    with pytest.raises(ValueError, match=r"LossScaleOptimizer\(Accumulating"):
+        AccumulatingOptimizer(
+            keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD()), 2
+        )
+    with pytest.raises(ValueError, match="product of the two"):
+        AccumulatingOptimizer(
+            AccumulatingOptimizer(keras.optimizers.SGD(), 2), 2
+        )
+    with pytest.raises(TypeError, match="not a string or a class"):
+        AccumulatingOptimizer("adam", 2)
+    with pytest.raises(ValueError, match="Set `clipnorm` on the"):
+        AccumulatingOptimizer(keras.optimizers.SGD(), 2, clipnorm=1.0)
+    with pytest.raises(ValueError, match="`momentum`, `nesterov`"):
+        AccumulatingOptimizer(
+            keras.optimizers.SGD(), 2, nesterov=True, momentum=0.9
+        )
+
+
+def test_public_name():
+    assert tfmemopt.AccumulatingOptimizer is AccumulatingOptimizer
+    assert "AccumulatingOptimizer" in tfmemopt.__all__
