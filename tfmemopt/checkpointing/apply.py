@@ -187,10 +187,6 @@ def _enable_segments(model, segments, report, state):
     ops = policies.top_level(model)
     stages = []
     for k, (start, stop) in enumerate(segments):
-        inputs = model.input if k == 0 else ops[start - 1].output
-        outputs = (
-            model.output if k == len(segments) - 1 else (ops[stop - 1].output)
-        )
         names = [op.name for op in ops[start:stop]]
         reasons = [
             why_not_replayable(op)
@@ -198,10 +194,16 @@ def _enable_segments(model, segments, report, state):
             if isinstance(op, keras.layers.Layer)
         ]
         reasons = [r for r in reasons if r]
-        sub = keras.Model(inputs, outputs, name=f"{model.name}_seg{k}")
+        if isinstance(model, keras.Sequential):
+            sub = list(ops[start:stop])
+        else:
+            inputs = model.input if k == 0 else ops[start - 1].output
+            last = k == len(segments) - 1
+            outputs = model.output if last else ops[stop - 1].output
+            sub = keras.Model(inputs, outputs, name=f"{model.name}_seg{k}")
         if reasons:
             _skip(report, "+".join(names), reasons[0])
-            stages.append(sub)
+            stages.extend(sub if isinstance(sub, list) else [sub])
         else:
             stages.append(CheckpointBlock(sub, name=f"{model.name}_ckpt{k}"))
             report.segments.append(names)

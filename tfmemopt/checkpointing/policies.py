@@ -103,6 +103,8 @@ def chain_cuts(model) -> list[int] | None:
     ops = top_level(model)
     if not ops:
         return None
+    if isinstance(model, keras.Sequential):
+        return list(range(len(ops) - 1))
     try:
         ins = [[id(t) for t in keras.tree.flatten(op.input)] for op in ops]
         outs = [[id(t) for t in keras.tree.flatten(op.output)] for op in ops]
