@@ -39,6 +39,11 @@ from tfmemopt.checkpointing import enable_checkpointing  # noqa: E402
 from tfmemopt.estimate import MemoryEstimate  # noqa: E402
 from tfmemopt.estimate import estimate_memory  # noqa: E402
 
+# --- batch-size finder and OOM report (issue 9) ---------------------------
+from tfmemopt.batch_size import find_batch_size  # noqa: E402
+from tfmemopt.batch_size import suggest_accumulation  # noqa: E402
+from tfmemopt.oom import oom_report  # noqa: E402
+
 __all__ = [
     "__version__",
     "callbacks",
@@ -57,4 +62,7 @@ __all__ = [
     "CheckpointBlock",
     "enable_checkpointing",
     "disable_checkpointing",
+    "find_batch_size",
+    "suggest_accumulation",
+    "oom_report",
 ]

@@ -1,0 +1,264 @@
+"""find_batch_size, suggest_accumulation and the pure search behind them."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfmemopt
+from tfmemopt import _search
+from tfmemopt import memory
+from tfmemopt._trials import TrialRunner
+
+needs_stats = pytest.mark.skipif(
+    not memory.stats_available("CPU:0"),
+    reason="CPU allocator statistics need TF_ENABLE_ONEDNN_OPTS=1",
+)
+
+
+class OOMAbove(keras.layers.Layer):
+    """Raises ResourceExhaustedError for batches above `threshold`."""
+
+    def __init__(self, threshold, **kwargs):
+        super().__init__(**kwargs)
+        self.threshold = threshold
+
+    def call(self, x):
+        n = x.shape[0]
+        if n is not None and n > self.threshold:
+            raise tf.errors.ResourceExhaustedError(
+                None, None, f"OOM when allocating tensor with shape[{n},64]"
+            )
+        return x
+
+
+def wide_model(threshold=None, optimizer="adam"):
+    """Tiny weights, large activations: memory grows with the batch."""
+    inputs = keras.Input((32,))
+    h = keras.layers.Dense(4096, activation="relu")(inputs)
+    for _ in range(4):
+        h = keras.layers.Activation("tanh")(h)
+    if threshold is not None:
+        h = OOMAbove(threshold)(h)
+    outputs = keras.layers.Dense(1)(h)
+    model = keras.Model(inputs, outputs)
+    model.compile(optimizer=optimizer, loss="mse")
+    return model
+
+
+def data(n=64):
+    rng = np.random.default_rng(0)
+    return (
+        rng.normal(size=(n, 32)).astype("float32"),
+        rng.normal(size=(n, 1)).astype("float32"),
+    )
+
+
+def state(model):
+    variables = model.variables + model.optimizer.variables
+    return [np.array(v.numpy()) for v in variables]
+
+
+# --- the pure search ------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["binsearch", "power"])
+@pytest.mark.parametrize("threshold", [7, 8, 100, 1000, 4095, 4096, 9999])
+def test_search_finds_largest_aligned_batch(mode, threshold):
+    def fits(b):
+        return _search.Trial(b, b <= threshold)
+
+    best, trials = _search.search(fits, mode, 4096, 8)
+    expected = min(threshold, 4096) // 8 * 8 or None
+    assert best == expected
+    tried = [t.batch_size for t in trials]
+    assert len(tried) == len(set(tried)), "a batch was tried twice"
+    assert all(b % 8 == 0 and b <= 4096 for b in tried)
+    assert len(tried) <= 2 * 10 + 1  # log2(4096 / 8) = 9 doublings
+    if best and best < 4096:
+        assert best + 8 in tried  # the boundary was checked, not guessed
+
+
+def test_search_rejects_bad_mode_and_alignment():
+    with pytest.raises(ValueError, match="one of .*'power', 'binsearch'"):
+        _search.search(lambda b: _search.Trial(b, True), "linear")
+    with pytest.raises(ValueError, match="must not exceed `max_batch_size`"):
+        _search.search(lambda b: _search.Trial(b, True), "power", 4, 8)
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [("16GiB", 16 * 2**30), ("512 MiB", 512 * 2**20), ("1.5GB", 1.5e9), (7, 7)],
+)
+def test_parse_bytes(text, expected):
+    assert _search.parse_bytes(text) == int(expected)
+
+
+def test_parse_bytes_rejects_garbage():
+    with pytest.raises(ValueError, match="such as '16GiB'"):
+        _search.parse_bytes("sixteen gigs")
+
+
+# --- suggest_accumulation -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "target, largest, multiple_of, replicas, micro, steps",
+    [
+        (64, 4, 4, 1, 4, 16),  # "per-device 4 with 16 steps, not 1 with 64"
+        (256, 48, 8, 1, 32, 8),
+        (256, 64, 8, 2, 64, 2),
+        (96, 128, 8, 1, 96, 1),  # fits whole
+        (384, 100, 8, 1, 96, 4),  # 96 is aligned, 64 would need 6 steps
+    ],
+)
+def test_suggest_accumulation_keeps_the_batch(
+    target, largest, multiple_of, replicas, micro, steps
+):
+    s = tfmemopt.suggest_accumulation(
+        target, largest, multiple_of=multiple_of, replicas=replicas
+    )
+    assert (s.micro_batch_size, s.accumulation_steps) == (micro, steps)
+    assert s.global_batch_size == target
+    assert s.micro_batch_size <= largest
+    assert s.aligned and not s.note
+
+
+def test_suggest_accumulation_unaligned_target_says_what_it_chose():
+    with pytest.warns(UserWarning, match="chose micro_batch_size=25 x"):
+        s = tfmemopt.suggest_accumulation(100, 32, multiple_of=8)
+    assert (s.micro_batch_size, s.accumulation_steps) == (25, 4)
+    assert s.global_batch_size == 100 and not s.aligned
+
+
+@pytest.mark.parametrize(
+    "args, error, match",
+    [
+        ((0, 8), ValueError, "target_batch_size` must be an integer >= 1"),
+        ((64, 8.0), TypeError, "max_micro_batch` must be an integer"),
+        ((63, 8, 8, 2), ValueError, "divisible by `replicas`"),
+    ],
+)
+def test_suggest_accumulation_bad_input(args, error, match):
+    with pytest.raises(error, match=match):
+        tfmemopt.suggest_accumulation(*args)
+
+
+# --- find_batch_size on a real model ----------------------------------------
+
+
+def test_oom_layer_is_searched_and_the_model_recovers():
+    model = wide_model(threshold=100, optimizer="sgd")
+    x, y = data()
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+    before = state(model)
+    iterations = int(model.optimizer.iterations.numpy())
+    found = tfmemopt.find_batch_size(
+        model, (x, y), max_batch_size=128, margin=0.0, verbose=0
+    )
+    assert found.batch_size == 96 == found.largest_fitting
+    failed = [t for t in found.trials if not t.fits]
+    assert failed and all("OOM when allocating" in t.reason for t in failed)
+    assert {t.batch_size for t in failed} >= {104}
+    after = state(model)
+    assert all(np.array_equal(a, b) for a, b in zip(before, after))
+    assert int(model.optimizer.iterations.numpy()) == iterations
+    # It recovers: training goes on at the batch it found, and a margin
+    # lowers the batch, still aligned.
+    history = model.fit(x[:96], y[:96], batch_size=96, verbose=0)
+    assert np.isfinite(history.history["loss"][0])
+    with_margin = tfmemopt.find_batch_size(
+        model, (x, y), max_batch_size=128, multiple_of=32, margin=0.2, verbose=0
+    )
+    assert with_margin.largest_fitting == 96
+    assert with_margin.batch_size == 64  # floor(96 * 0.8 / 32) * 32
+
+
+@needs_stats
+@pytest.mark.slow
+def test_budget_search_on_cpu_leaves_the_model_unchanged():
+    model = wide_model()
+    x, y = data()
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+    before = state(model)
+    iterations = int(model.optimizer.iterations.numpy())
+    with TrialRunner(model, (x, y), steps=1) as runner:
+        small = runner.run(64)[0]
+        large = runner.run(512)[0]
+    assert large > small + 10 * 2**20, (small, large)  # activations dominate
+    budget = (small + large) // 2  # lands between 64 and 512
+    base = memory.device_memory("CPU:0")["current"]
+
+    results = {}
+    for mode in ("binsearch", "power"):
+        found = tfmemopt.find_batch_size(
+            model,
+            (x, y),
+            mode=mode,
+            memory_budget=budget,
+            max_batch_size=1024,
+            multiple_of=64,
+            steps_per_trial=1,
+            verbose=0,
+        )
+        by_batch = {t.batch_size: t for t in found.trials}
+        best = by_batch[found.batch_size]
+        assert best.fits and best.peak_bytes <= found.limit_bytes <= budget
+        above = by_batch[found.batch_size + 64]
+        assert not above.fits and above.peak_bytes > found.limit_bytes
+        results[mode] = found.batch_size
+    assert 64 < results["binsearch"] < 512
+    assert abs(results["binsearch"] - results["power"]) <= 64
+
+    after = state(model)
+    assert all(np.array_equal(a, b) for a, b in zip(before, after))
+    assert int(model.optimizer.iterations.numpy()) == iterations
+    now = memory.device_memory("CPU:0")["current"]
+    assert now <= base * 1.05 + 2**20, (base, now)
+    s = found.suggest(4 * found.batch_size)
+    assert s.global_batch_size == 4 * found.batch_size
+    assert "| batch | peak MiB | fits |" in found.table()
+
+
+@needs_stats
+def test_budget_smaller_than_the_weights_cannot_fit():
+    model = wide_model()
+    x, y = data()
+    with pytest.raises(ValueError, match="cannot fit at any batch size"):
+        tfmemopt.find_batch_size(model, (x, y), memory_budget="64KiB")
+
+
+@pytest.mark.parametrize(
+    "bad, error, match",
+    [
+        (
+            (np.zeros((0, 32), "float32"), np.zeros((0, 1), "float32")),
+            ValueError,
+            "empty",
+        ),
+        (
+            tf.data.Dataset.from_tensor_slices(
+                (np.zeros((0, 32), "float32"), np.zeros((0, 1), "float32"))
+            ).batch(4),
+            ValueError,
+            "empty",
+        ),
+        ("not data", TypeError, r"\(x, y\)"),
+    ],
+)
+def test_bad_data(bad, error, match):
+    with pytest.raises(error, match=match):
+        tfmemopt.find_batch_size(wide_model(), bad, verbose=0)
+
+
+def test_bad_arguments():
+    model = wide_model()
+    with pytest.raises(ValueError, match="`mode` must be one of"):
+        tfmemopt.find_batch_size(model, data(), mode="fast")
+    with pytest.raises(ValueError, match="`margin` must be a fraction"):
+        tfmemopt.find_batch_size(model, data(), margin=1.5)
+    plain = keras.Sequential([keras.Input((32,)), keras.layers.Dense(1)])
+    with pytest.raises(ValueError, match="call `model.compile"):
+        tfmemopt.find_batch_size(plain, data())

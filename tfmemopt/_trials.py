@@ -1,0 +1,206 @@
+"""Trial training steps on the user's own model, with everything put back.
+
+A trial trains `steps` steps at one batch size and measures the device's
+peak memory. It runs on the model itself (a clone would double the weights
+in memory, and TensorFlow keeps the variables captured by a traced function
+alive after the function is dropped, so a throwaway optimizer leaks its
+slots). Before the first trial the weights, optimizer variables (iteration
+counter included), metric variables and the compiled train function are
+saved; after every trial they are restored, so trials never change the
+model. Cost: one host copy of the model and optimizer state.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tfmemopt import memory
+from tfmemopt.oom import first_line
+from tfmemopt.oom import is_oom
+
+_POOL = 256
+
+
+def variable_bytes(variables) -> int:
+    """Bytes held by `variables` (shape x dtype size)."""
+    total = 0
+    for v in variables:
+        size = int(np.prod(v.shape)) if v.shape is not None else 0
+        total += (
+            size * np.dtype(keras.backend.standardize_dtype(v.dtype)).itemsize
+        )
+    return total
+
+
+def default_device() -> str:
+    """The first accelerator TensorFlow sees here, else `"CPU:0"`."""
+    for name in memory.local_devices():
+        if not name.startswith("CPU"):
+            return name
+    return "CPU:0"
+
+
+def _to_numpy(tree):
+    return tf.nest.map_structure(
+        lambda t: None if t is None else np.asarray(t), tree
+    )
+
+
+def sample_pool(data):
+    """`(x, y, sample_weight)` of up to 256 samples (numpy) from `data`.
+
+    `data` is `(x, y)` or `(x, y, sample_weight)` of arrays (x may be a
+    dict or list), a batched `tf.data.Dataset`, or a `keras.utils.PyDataset`.
+    """
+    if isinstance(data, tf.data.Dataset):
+        pool = list(data.unbatch().take(_POOL).batch(_POOL).take(1))
+        if not pool:
+            raise ValueError(
+                "`data` is empty: the tf.data.Dataset yielded no samples. "
+                "Pass a dataset with at least one batch."
+            )
+        data = pool[0]
+    elif isinstance(data, keras.utils.PyDataset):
+        if len(data) == 0:
+            raise ValueError(
+                "`data` is empty: the PyDataset has no batches. Pass one "
+                "with at least one batch."
+            )
+        data = data[0]
+    if not isinstance(data, (tuple, list)) or len(data) not in (2, 3):
+        raise TypeError(
+            "`data` must be `(x, y)` or `(x, y, sample_weight)` of arrays, a "
+            "batched tf.data.Dataset or a keras.utils.PyDataset yielding "
+            f"them. Received: data of type {type(data).__name__}"
+            + (f" with {len(data)} items" if hasattr(data, "__len__") else "")
+            + "."
+        )
+    x, y, sw = (tuple(data) + (None,))[:3]
+    x, y, sw = _to_numpy(x), _to_numpy(y), _to_numpy(sw)
+    sizes = {len(a) for a in tf.nest.flatten((x, y, sw)) if a is not None}
+    if len(sizes) != 1 or 0 in sizes:
+        raise ValueError(
+            "`data` is empty or its arrays disagree on the number of samples"
+            f" (found sizes {sorted(sizes)}). Pass x and y with the same "
+            "number (> 0) of samples."
+        )
+    n = sizes.pop()
+    cut = slice(0, min(n, _POOL))
+    pool = tf.nest.map_structure(
+        lambda a: None if a is None else a[cut], (x, y, sw)
+    )
+    return pool, min(n, _POOL)
+
+
+def _state_variables(model):
+    seen, out = set(), []
+    optimizer_vars = model.optimizer.variables if model.optimizer else []
+    for v in (
+        list(model.variables)
+        + list(optimizer_vars)
+        + list(model.metrics_variables)
+    ):
+        if id(v) not in seen:
+            seen.add(id(v))
+            out.append(v)
+    return out
+
+
+class TrialRunner:
+    """Runs trial steps on `model` and restores it (a context manager).
+
+    Args:
+        model: A compiled `keras.Model`.
+        data: What `sample_pool` accepts.
+        steps: Int, training steps per trial (the peak is over all of them,
+            the first one included: it allocates what training needs).
+        device: Str or `None`, the device whose memory is measured.
+    """
+
+    def __init__(self, model, data, steps: int = 2, device: str | None = None):
+        if not isinstance(model, keras.Model):
+            raise TypeError(
+                "`model` must be a keras.Model. Received: model of type "
+                f"{type(model).__name__}."
+            )
+        if not getattr(model, "compiled", False) or model.optimizer is None:
+            raise ValueError(
+                "`model` must be compiled with an optimizer and a loss before "
+                "its memory can be measured: call `model.compile(optimizer="
+                "..., loss=...)` first."
+            )
+        self.model = model
+        self.steps = steps
+        self.device = device or default_device()
+        self.pool, self.n = sample_pool(data)
+        self.stats = memory.stats_available(self.device)
+        self._saved = None
+
+    def __enter__(self):
+        model = self.model
+        x = self.pool[0]
+        if not model.built:
+            model(tf.nest.map_structure(lambda a: a[:1], x))
+        if not model.optimizer.built:
+            # Zeros, as the first training step would create them.
+            with model.distribute_strategy.scope():
+                model.optimizer.build(model.trainable_variables)
+        self._variables = _state_variables(model)
+        self._saved = [np.array(v.numpy()) for v in self._variables]
+        self._train_function = model.train_function
+        self.resident_bytes = variable_bytes(model.variables) + variable_bytes(
+            model.optimizer.variables
+        )
+        return self
+
+    def restore(self):
+        for v, value in zip(self._variables, self._saved):
+            v.assign(value)
+
+    def __exit__(self, *exc):
+        self.restore()
+        self.model.train_function = self._train_function
+        gc.collect()
+        return False
+
+    def batch(self, batch_size: int):
+        index = np.arange(batch_size) % self.n
+        return tf.nest.map_structure(
+            lambda a: None if a is None else np.take(a, index, axis=0),
+            self.pool,
+        )
+
+    def run(self, batch_size: int):
+        """Returns `(peak_bytes or None, oom_message or "")` for one trial.
+
+        `peak_bytes` counts the model and optimizer state plus the most
+        that the trial steps needed above what was allocated before them.
+        """
+        model = self.model
+        x, y, sw = self.batch(batch_size)
+        model.train_function = None
+
+        def steps():
+            for _ in range(self.steps):
+                model.train_on_batch(x, y, sample_weight=sw)
+
+        try:
+            if self.stats:
+                extra, _ = memory.measure_peak(steps, self.device)
+                peak = self.resident_bytes + extra
+            else:
+                steps()
+                peak = None
+            return peak, ""
+        except Exception as e:  # noqa: BLE001 - only OOMs are handled
+            if not is_oom(e):
+                raise
+            return None, first_line(e, 200)
+        finally:
+            model.train_function = None
+            self.restore()
+            gc.collect()

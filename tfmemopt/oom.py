@@ -1,0 +1,228 @@
+"""Out-of-memory report: what was in use, what was needed, what would fit.
+
+`oom_report()` wraps any Keras `fit` (or any code): when TensorFlow runs
+out of device memory inside it, it raises `OutOfMemoryError`, a
+`tf.errors.ResourceExhaustedError` (so existing `except` clauses still
+catch it) whose message and `.report` say how much memory the device held
+at the failure, the estimated breakdown of what training needs, and the
+plan (micro-batch, accumulation steps, checkpointing, precision) that
+would fit. `tfmemopt.Model.fit` does this by itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import re
+from typing import Iterator
+
+import tensorflow as tf
+
+from tfmemopt import memory
+
+_OOM_TEXT = (
+    "out of memory",
+    "oom when allocating",
+    "resource_exhausted",
+    "resource exhausted",
+)
+
+
+def is_oom(error: BaseException) -> bool:
+    """Whether `error` is TensorFlow (or XLA) running out of device memory."""
+    if isinstance(error, tf.errors.ResourceExhaustedError):
+        return True
+    if isinstance(error, (tf.errors.InternalError, tf.errors.UnknownError)):
+        text = str(error).lower()
+        return any(t in text for t in _OOM_TEXT)
+    return False
+
+
+def first_line(error: BaseException, limit: int = 300) -> str:
+    """The line of `error` that says what ran out (Keras wraps the text)."""
+    lines = [
+        re.sub(r"\x1b\[[0-9;]*m", "", line).strip()
+        for line in str(error).splitlines()
+    ]
+    lines = [line for line in lines if line]
+    for line in lines:
+        if any(t in line.lower() for t in _OOM_TEXT):
+            return line[:limit]
+    return (lines[0] if lines else type(error).__name__)[:limit]
+
+
+def _mib(n) -> str:
+    return "unknown" if n is None else f"{n / memory.MIB:,.1f} MiB"
+
+
+@dataclasses.dataclass
+class OOMReport:
+    """What an out-of-memory failure needed and what would have fitted.
+
+    Attributes:
+        error: Str, the first line of TensorFlow's error.
+        device: Str, the device whose memory is reported.
+        batch_size: Int or `None`, the batch size that failed.
+        device_memory: Dict `{"current", "peak"}` in bytes at the failure,
+            or `None` when the device keeps no statistics.
+        estimate: The `MemoryEstimate` for the failing batch, or `None`.
+        plan: The `Plan` that would fit, or `None` (with `plan_error`
+            saying why none was made).
+        plan_error: Str, why there is no plan (`""` when there is one).
+    """
+
+    error: str
+    device: str
+    batch_size: int | None = None
+    device_memory: dict | None = None
+    estimate: object = None
+    plan: object = None
+    plan_error: str = ""
+
+    @property
+    def text(self) -> str:
+        """The report as text (also the `OutOfMemoryError` message)."""
+        lines = [f"Out of memory on {self.device}: {self.error}"]
+        if self.batch_size is not None:
+            lines.append(f"  batch size: {self.batch_size}")
+        if self.device_memory is not None:
+            lines.append(
+                f"  device memory at failure: "
+                f"{_mib(self.device_memory['current'])} in use, "
+                f"{_mib(self.device_memory['peak'])} peak"
+            )
+        else:
+            lines.append("  device memory at failure: no statistics")
+        if self.estimate is not None:
+            lines.append("  estimated need:")
+            lines.extend("    " + s for s in str(self.estimate).splitlines())
+        if self.plan is not None:
+            lines.append("  plan that would fit:")
+            lines.extend("    " + s for s in str(self.plan).splitlines())
+        elif self.plan_error:
+            lines.append(f"  no plan: {self.plan_error}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.text
+
+
+class OutOfMemoryError(tf.errors.ResourceExhaustedError):
+    """TensorFlow's `ResourceExhaustedError`, with an `OOMReport` attached.
+
+    Attributes:
+        report: The `OOMReport`.
+    """
+
+    def __init__(self, report: OOMReport, original=None):
+        super().__init__(
+            getattr(original, "node_def", None),
+            getattr(original, "op", None),
+            report.text,
+        )
+        self.report = report
+
+    def __reduce__(self):
+        return (type(self), (self.report,))
+
+
+def build_report(
+    error: BaseException,
+    model=None,
+    batch_size: int | None = None,
+    memory_budget=None,
+    device: str | None = None,
+) -> OOMReport:
+    """An `OOMReport` for `error`; no part of it ever raises."""
+    from tfmemopt._trials import default_device
+
+    try:
+        device = device or default_device()
+    except Exception:  # noqa: BLE001 - a report must never fail
+        device = "CPU:0"
+    report = OOMReport(
+        error=first_line(error),
+        device=device,
+        batch_size=batch_size,
+    )
+    try:
+        report.device_memory = memory.device_memory(device)
+    except Exception:  # noqa: BLE001
+        report.device_memory = None
+    if model is None or batch_size is None:
+        report.plan_error = (
+            "pass `model` and `batch_size` to oom_report() for an estimate "
+            "and a plan"
+        )
+        return report
+    try:
+        from tfmemopt.estimate import estimate_memory
+
+        report.estimate = estimate_memory(
+            model, batch_size, optimizer=getattr(model, "optimizer", None)
+        )
+    except Exception as e:  # noqa: BLE001
+        report.plan_error = f"no estimate ({type(e).__name__}: {e})"
+    budget = memory_budget
+    if budget is None and report.device_memory is not None:
+        # What the device held when it failed is about what it can hold.
+        budget = report.device_memory["peak"] or None
+    if budget is None:
+        report.plan_error = (
+            report.plan_error
+            or "no memory budget: pass `memory_budget` to oom_report()"
+        )
+        return report
+    try:
+        from tfmemopt.planner import plan
+
+        report.plan = plan(model, batch_size, budget)
+    except Exception as e:  # noqa: BLE001
+        report.plan_error = f"{type(e).__name__}: {e}"
+    return report
+
+
+@contextlib.contextmanager
+def oom_report(
+    model=None,
+    batch_size: int | None = None,
+    memory_budget=None,
+    device: str | None = None,
+) -> Iterator[None]:
+    """Turns an out-of-memory error inside the block into a report.
+
+    Costs nothing until an error happens; then it reads the device's
+    memory, estimates the breakdown and plans a configuration that fits
+    (pure arithmetic, no extra training).
+
+    Args:
+        model: `keras.Model` or `None`, defaults to `None`. Needed for the
+            estimate and the plan.
+        batch_size: Int or `None`, defaults to `None`. The global batch that
+            failed (what was passed to `fit`).
+        memory_budget: Int bytes, str such as `"16GiB"`, or `None`, defaults
+            to `None`: the memory to plan for; `None` uses the device's
+            peak at the failure (about its capacity).
+        device: Str or `None`, defaults to the first accelerator, else
+            `"CPU:0"`.
+
+    Raises:
+        OutOfMemoryError: a `tf.errors.ResourceExhaustedError` carrying the
+            report, raised from the original error. Other errors pass
+            through untouched.
+
+    Example:
+
+    >>> import tfmemopt
+    >>> with tfmemopt.oom_report(model, batch_size=256):  # doctest: +SKIP
+    ...     model.fit(x, y, batch_size=256)
+    """
+    try:
+        yield
+    except OutOfMemoryError:
+        raise
+    except Exception as e:
+        if not is_oom(e):
+            raise
+        report = build_report(e, model, batch_size, memory_budget, device)
+        raise OutOfMemoryError(report, e) from e
