@@ -359,6 +359,8 @@ def test_bad_inner_optimizers():
         AccumulatingOptimizer("adam", 2)
     with pytest.raises(ValueError, match="Set `clipnorm` on the"):
         AccumulatingOptimizer(keras.optimizers.SGD(), 2, clipnorm=1.0)
+    with pytest.raises(ValueError, match="Set it on the `inner_optimizer`"):
+        AccumulatingOptimizer(keras.optimizers.SGD(), 2, learning_rate=0.1)
     with pytest.raises(ValueError, match="`momentum`, `nesterov`"):
         AccumulatingOptimizer(
             keras.optimizers.SGD(), 2, nesterov=True, momentum=0.9
@@ -368,3 +370,99 @@ def test_bad_inner_optimizers():
 def test_public_name():
     assert tfmemopt.AccumulatingOptimizer is AccumulatingOptimizer
     assert "AccumulatingOptimizer" in tfmemopt.__all__
+
+
+_MIRRORED = """
+import numpy as np, keras, tensorflow as tf, tfmemopt
+from test_accumulating_optimizer import _data, _model
+
+def counted_strategy():
+    cdo = tf.distribute.ReductionToOneDevice()
+    calls = tf.Variable(0, dtype=tf.int64)
+    batch_reduce = cdo.batch_reduce_implementation
+
+    def counting(*args, **kwargs):
+        calls.assign_add(1)  # runs only when the all-reduce does
+        return batch_reduce(*args, **kwargs)
+
+    cdo.batch_reduce_implementation = counting
+    strategy = tf.distribute.MirroredStrategy(
+        ["CPU:0", "CPU:1"], cross_device_ops=cdo)
+    return strategy, calls
+
+x, y = _data()
+out = {}
+for spe in (1, 4):
+    strategy, calls = counted_strategy()
+    with strategy.scope():
+        model = _model()
+        model.compile(tfmemopt.AccumulatingOptimizer(
+            keras.optimizers.Adam(0.01, global_clipnorm=0.01), 4), "mse",
+            steps_per_execution=spe)
+    model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    out[f"spe{spe}"] = dict(
+        all_reduces=int(calls.numpy()),
+        iterations=int(model.optimizer.iterations.numpy()),
+        weights=[w.tolist() for w in model.get_weights()])
+
+# Hand-built LossScaleOptimizer(AccumulatingOptimizer) in a custom loop:
+# window 1 has an inf on replica 1 only (LossScaleOptimizer looks at
+# replica 0), window 2 an inf on replica 0, window 3 is finite.
+strategy, calls = counted_strategy()
+with strategy.scope():
+    w = keras.Variable(np.ones(2, "float32"))
+    lso = keras.optimizers.LossScaleOptimizer(tfmemopt.AccumulatingOptimizer(
+        keras.optimizers.SGD(0.5), 2), initial_scale=8.0)
+
+@tf.function
+def step(per_replica):
+    strategy.run(lambda g: lso.apply_gradients([(g, w)]), args=(per_replica,))
+
+def run(g0, g1):
+    values = strategy.experimental_distribute_values_from_function(
+        lambda ctx: tf.constant([g0, g1][ctx.replica_id_in_sync_group],
+                                "float32"))
+    step(values)
+
+scales, weights = [], []
+for bad in ([[8.0, 8.0], [np.inf, 0.0]], [[np.inf, 0.0], [8.0, 8.0]]):
+    run(*bad)
+    run([8.0, 8.0], [8.0, 8.0])
+    scales.append(float(lso.dynamic_scale.numpy()))
+    weights.append(w.numpy().tolist())
+run([2.0, 4.0], [2.0, 4.0])
+run([2.0, 4.0], [2.0, 4.0])
+out["lso"] = dict(scales=scales, weights=weights, final=w.numpy().tolist(),
+                  iterations=int(lso.iterations.numpy()),
+                  all_reduces=int(calls.numpy()))
+emit(out)
+"""
+
+
+@pytest.mark.slow
+def test_mirrored_strategy_two_cpus():
+    env = {"PYTHONPATH": __file__.rsplit("/", 1)[0]}
+    result = run_in_subprocess(_MIRRORED, n_cpus=2, env=env, timeout=600)
+    x, y = _data()
+    ref = _model()
+    ref.compile(
+        AccumulatingOptimizer(
+            keras.optimizers.Adam(0.01, global_clipnorm=0.01), 4
+        ),
+        "mse",
+    )
+    ref.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    updates = len(x) // (4 * 8)
+    for spe in ("spe1", "spe4"):
+        got = [np.array(w) for w in result[spe]["weights"]]
+        assert _max_rel_diff(ref.get_weights(), got) <= RTOL, spe
+        assert result[spe]["iterations"] == updates
+        assert result[spe]["all_reduces"] == updates  # one per window
+    lso = result["lso"]
+    assert lso["scales"] == [4.0, 2.0]  # lowered once per bad window
+    assert lso["weights"] == [[1.0, 1.0], [1.0, 1.0]]
+    assert lso["iterations"] == 1
+    # scale 2: unscaled [1, 2] per micro-step and replica; the window mean
+    # [1, 2] per replica is summed over 2 replicas: [2, 4]; lr 0.5.
+    np.testing.assert_allclose(lso["final"], [0.0, -1.0])
+    assert lso["all_reduces"] == 1

@@ -1,5 +1,7 @@
 """Private glue between `AccumulatingOptimizer` and Keras's optimizers.
 
+Argument checks live here too, to keep the optimizer's module short.
+
 Two Keras behaviours would make accumulation across steps inexact, and both
 are corrected here on the *instances* involved (never on Keras's classes):
 
@@ -23,6 +25,98 @@ from keras import ops
 
 _ORIGINAL = "_tfmemopt_original_non_finite_handler"
 
+_BASE_DEFAULTS = {
+    "weight_decay": None,
+    "clipnorm": None,
+    "global_clipnorm": None,
+    "clipvalue": None,
+    "use_ema": False,
+    "ema_momentum": 0.99,
+    "ema_overwrite_frequency": None,
+    "loss_scale_factor": None,
+    "gradient_accumulation_steps": None,
+}
+
+
+def _check_steps(accumulation_steps) -> int:
+    if (
+        isinstance(accumulation_steps, bool)
+        or not isinstance(accumulation_steps, int)
+        or accumulation_steps < 1
+    ):
+        raise ValueError(
+            "`accumulation_steps` must be an integer >= 1. Received: "
+            f"accumulation_steps={accumulation_steps!r} (of type "
+            f"{type(accumulation_steps).__name__}). Pass the number of "
+            "micro-batches per optimizer update, e.g. accumulation_steps=4."
+        )
+    return accumulation_steps
+
+
+def _check_inner(cls, inner_optimizer) -> None:
+    if not isinstance(inner_optimizer, keras.optimizers.Optimizer):
+        raise TypeError(
+            "`inner_optimizer` must be a `keras.optimizers.Optimizer` "
+            f"instance. Received: inner_optimizer={inner_optimizer!r} (of "
+            f"type {type(inner_optimizer).__name__}). Pass e.g. "
+            "`keras.optimizers.Adam(1e-3)`, not a string or a class."
+        )
+    if isinstance(inner_optimizer, keras.optimizers.LossScaleOptimizer):
+        raise ValueError(
+            "AccumulatingOptimizer cannot wrap a LossScaleOptimizer: the "
+            "loss scale would be checked per window while `compile` (under "
+            "`mixed_float16`) adds a second LossScaleOptimizer outside. "
+            "Wrap the other way round: "
+            "`LossScaleOptimizer(AccumulatingOptimizer(inner))`, or simply "
+            "pass `AccumulatingOptimizer(inner)` to `compile`, which does "
+            "that for you. Received: inner_optimizer="
+            f"{type(inner_optimizer).__name__}."
+        )
+    if isinstance(inner_optimizer, cls):
+        raise ValueError(
+            "AccumulatingOptimizer cannot wrap another AccumulatingOptimizer."
+            " Use one wrapper with the product of the two "
+            "`accumulation_steps`."
+        )
+    if inner_optimizer.gradient_accumulation_steps:
+        raise ValueError(
+            "The inner optimizer has Keras's own "
+            "`gradient_accumulation_steps="
+            f"{inner_optimizer.gradient_accumulation_steps}`; it advances "
+            "schedules and EMA per micro-step and crashes under "
+            "MirroredStrategy. Create the inner optimizer without it and "
+            "pass `accumulation_steps="
+            f"{inner_optimizer.gradient_accumulation_steps}` to "
+            "AccumulatingOptimizer instead."
+        )
+
+
+def check_arguments(cls, inner_optimizer, accumulation_steps, kwargs) -> int:
+    """Validates `AccumulatingOptimizer`'s arguments; returns the steps."""
+    accumulation_steps = _check_steps(accumulation_steps)
+    _check_inner(cls, inner_optimizer)
+    kwargs = dict(kwargs)
+    for arg_name, default in _BASE_DEFAULTS.items():
+        if arg_name in kwargs and kwargs.pop(arg_name) != default:
+            raise ValueError(
+                f"AccumulatingOptimizer does not take `{arg_name}`. Set "
+                f"`{arg_name}` on the `inner_optimizer` instead; the "
+                "wrapper applies it once per update."
+            )
+    if "learning_rate" in kwargs:
+        raise ValueError(
+            "AccumulatingOptimizer does not take `learning_rate`. Set it on "
+            "the `inner_optimizer`; `AccumulatingOptimizer.learning_rate` "
+            "reads and writes the inner optimizer's."
+        )
+    if kwargs:
+        raise ValueError(
+            "AccumulatingOptimizer does not support arguments: "
+            f"`{'`, `'.join(sorted(kwargs))}`. It takes "
+            "`inner_optimizer`, `accumulation_steps` and `name`."
+        )
+    return accumulation_steps
+
 
 def null_scope():
     return contextlib.nullcontext()
@@ -43,7 +137,8 @@ def adopt_loss_scale_optimizer(accumulating, outer) -> None:
             outer.inner_optimizer._skip_micro_step()
 
         object.__setattr__(
-            outer, "_stateful_handle_non_finite_grads",
+            outer,
+            "_stateful_handle_non_finite_grads",
             handle_non_finite_micro_step,
         )
     object.__setattr__(accumulating, "_outer_loss_scale", outer)

@@ -25,71 +25,6 @@ from keras import ops
 
 from tfmemopt import _accumulation_hooks as hooks
 
-_BASE_DEFAULTS = {
-    "weight_decay": None,
-    "clipnorm": None,
-    "global_clipnorm": None,
-    "clipvalue": None,
-    "use_ema": False,
-    "ema_momentum": 0.99,
-    "ema_overwrite_frequency": None,
-    "loss_scale_factor": None,
-    "gradient_accumulation_steps": None,
-}
-
-
-def _check_steps(accumulation_steps) -> int:
-    if (
-        isinstance(accumulation_steps, bool)
-        or not isinstance(accumulation_steps, int)
-        or accumulation_steps < 1
-    ):
-        raise ValueError(
-            "`accumulation_steps` must be an integer >= 1. Received: "
-            f"accumulation_steps={accumulation_steps!r} (of type "
-            f"{type(accumulation_steps).__name__}). Pass the number of "
-            "micro-batches per optimizer update, e.g. accumulation_steps=4."
-        )
-    return accumulation_steps
-
-
-def _check_inner(inner_optimizer) -> None:
-    if not isinstance(inner_optimizer, keras.optimizers.Optimizer):
-        raise TypeError(
-            "`inner_optimizer` must be a `keras.optimizers.Optimizer` "
-            f"instance. Received: inner_optimizer={inner_optimizer!r} (of "
-            f"type {type(inner_optimizer).__name__}). Pass e.g. "
-            "`keras.optimizers.Adam(1e-3)`, not a string or a class."
-        )
-    if isinstance(inner_optimizer, keras.optimizers.LossScaleOptimizer):
-        raise ValueError(
-            "AccumulatingOptimizer cannot wrap a LossScaleOptimizer: the "
-            "loss scale would be checked per window while `compile` (under "
-            "`mixed_float16`) adds a second LossScaleOptimizer outside. "
-            "Wrap the other way round: "
-            "`LossScaleOptimizer(AccumulatingOptimizer(inner))`, or simply "
-            "pass `AccumulatingOptimizer(inner)` to `compile`, which does "
-            "that for you. Received: inner_optimizer="
-            f"{type(inner_optimizer).__name__}."
-        )
-    if isinstance(inner_optimizer, AccumulatingOptimizer):
-        raise ValueError(
-            "AccumulatingOptimizer cannot wrap another AccumulatingOptimizer."
-            " Use one wrapper with the product of the two "
-            "`accumulation_steps`."
-        )
-    if inner_optimizer.gradient_accumulation_steps:
-        raise ValueError(
-            "The inner optimizer has Keras's own "
-            "`gradient_accumulation_steps="
-            f"{inner_optimizer.gradient_accumulation_steps}`; it advances "
-            "schedules and EMA per micro-step and crashes under "
-            "MirroredStrategy. Create the inner optimizer without it and "
-            "pass `accumulation_steps="
-            f"{inner_optimizer.gradient_accumulation_steps}` to "
-            "AccumulatingOptimizer instead."
-        )
-
 
 @keras.saving.register_keras_serializable(package="tfmemopt")
 class AccumulatingOptimizer(keras.optimizers.Optimizer):
@@ -148,22 +83,9 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
         name: str | None = None,
         **kwargs,
     ):
-        accumulation_steps = _check_steps(accumulation_steps)
-        _check_inner(inner_optimizer)
-        for arg_name, default in _BASE_DEFAULTS.items():
-            if arg_name in kwargs and kwargs.pop(arg_name) != default:
-                raise ValueError(
-                    f"AccumulatingOptimizer does not take `{arg_name}`. Set "
-                    f"`{arg_name}` on the `inner_optimizer` instead; the "
-                    "wrapper applies it once per update."
-                )
-        kwargs.pop("learning_rate", None)
-        if kwargs:
-            raise ValueError(
-                "AccumulatingOptimizer does not support arguments: "
-                f"`{'`, `'.join(sorted(kwargs))}`. It takes "
-                "`inner_optimizer`, `accumulation_steps` and `name`."
-            )
+        accumulation_steps = hooks.check_arguments(
+            type(self), inner_optimizer, accumulation_steps, kwargs
+        )
         super().__init__(learning_rate=0.0, name=name)
         self.inner_optimizer = inner_optimizer
         self.accumulation_steps = accumulation_steps
