@@ -15,6 +15,7 @@ import tensorflow as tf
 from keras import ops
 
 from tfmemopt import loss_normalization as ln
+from tfmemopt.distribute import _hooks as _dist
 from tfmemopt.micro_batching import slice_batch
 
 
@@ -261,6 +262,7 @@ class _Window:
             (tf.cast(g, v.dtype), v) for g, v in zip(total, connected_vars)
         ]
         if grads_and_vars:
+            grads_and_vars = _dist.before_apply(grads_and_vars, model.optimizer)
             model.optimizer.apply_gradients(grads_and_vars)
         return self._log(acc, dyn_norm, weights)
 

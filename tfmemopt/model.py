@@ -14,6 +14,7 @@ from __future__ import annotations
 import keras
 
 from tfmemopt import _window
+from tfmemopt.distribute import _hooks as _dist
 from tfmemopt.micro_batching import plan_micro_batches
 from tfmemopt.micro_batching import static_batch_size
 
@@ -41,7 +42,7 @@ def _inner_optimizer(optimizer):
 
 
 @keras.saving.register_keras_serializable(package="tfmemopt")
-class Model(keras.Model):
+class Model(_dist.FitFixes, keras.Model):
     """A `keras.Model` whose every step is exact gradient accumulation.
 
     Each batch given to `fit` is split into micro-batches that run one after
@@ -181,6 +182,7 @@ class Model(keras.Model):
         )
 
     def compile(self, *args, **kwargs):
+        _dist.on_compile()
         super().compile(*args, **kwargs)
         inner = _inner_optimizer(self.optimizer)
         steps = getattr(inner, "gradient_accumulation_steps", None)
@@ -217,7 +219,8 @@ class Model(keras.Model):
         plan = plan_micro_batches(
             batch, self._accumulation_steps, self._micro_batch_size
         )
-        return _window.run_window(self, x, y, sample_weight, plan)
+        logs = _window.run_window(self, x, y, sample_weight, plan)
+        return _dist.step_logs(logs)
 
     def get_config(self):
         config = super().get_config()

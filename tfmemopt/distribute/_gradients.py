@@ -50,10 +50,23 @@ def _loss_scale(optimizer):
     return tf.constant(float(optimizer.initial_scale), tf.float32)
 
 
+def _values(g):
+    return g.values if isinstance(g, tf.IndexedSlices) else g
+
+
+def _scale(g, factor):
+    if isinstance(g, tf.IndexedSlices):
+        values = g.values * tf.cast(factor, g.values.dtype)
+        return tf.IndexedSlices(values, g.indices, g.dense_shape)
+    return g * tf.cast(factor, g.dtype)
+
+
 def count_non_finite(grads) -> tf.Tensor:
     """Number of non-finite entries in `grads` (a float32 scalar)."""
     counts = [
-        tf.reduce_sum(tf.cast(tf.logical_not(tf.math.is_finite(g)), tf.float32))
+        tf.reduce_sum(
+            tf.cast(tf.logical_not(tf.math.is_finite(_values(g))), tf.float32)
+        )
         for g in grads
         if g is not None
     ]
@@ -79,7 +92,7 @@ def sync_non_finite(grads):
         return grads
     bad = ctx.all_reduce(tf.distribute.ReduceOp.SUM, count_non_finite(grads))
     poison = tf.where(bad > 0, float("nan"), 1.0)
-    return [None if g is None else g * tf.cast(poison, g.dtype) for g in grads]
+    return [None if g is None else _scale(g, poison) for g in grads]
 
 
 def clipping_of(optimizer):
@@ -127,7 +140,8 @@ def clip_after_all_reduce(grads, optimizer):
     replicas = ctx.num_replicas_in_sync
     if replicas <= 1 or setting is None:
         return grads
-    present = [g for g in grads if g is not None]
+    # Sparse gradients are made dense here: clipping needs the whole sum.
+    present = [tf.convert_to_tensor(g) for g in grads if g is not None]
     summed = ctx.all_reduce(tf.distribute.ReduceOp.SUM, present)
     it = iter(summed)
     summed = [None if g is None else next(it) for g in grads]

@@ -99,6 +99,43 @@ class MultiWorkerFitFixes:
     def test_step(self, data):
         return expand_logs(super().test_step(data))
 
+    def make_train_function(self, force=False):
+        check_steps_per_execution(self.distribute_strategy, self)
+        return super().make_train_function(force=force)
+
+
+def uses_collective_ops(strategy) -> bool:
+    """True when the strategy all-reduces with collective ops."""
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return True
+    if not isinstance(strategy, tf.distribute.MirroredStrategy):
+        return False
+    ops = getattr(strategy.extended, "_cross_device_ops", None)
+    return type(ops).__name__ == "CollectiveAllReduce"
+
+
+def check_steps_per_execution(strategy, model) -> None:
+    """Raises ValueError where Keras's multi-step loop fails (#19246).
+
+    Keras runs `steps_per_execution > 1` as a `tf.while_loop` with a `cond`
+    around each step; collective all-reduces inside it fail at run time with
+    "You must feed a value for placeholder tensor". Reduction to one device
+    works, so the error says how to get it.
+    """
+    steps = getattr(model, "steps_per_execution", 1) or 1
+    if steps <= 1 or not uses_collective_ops(strategy):
+        return
+    raise ValueError(
+        f"`steps_per_execution={steps}` does not work with Keras 3 under "
+        f"{type(strategy).__name__} with collective all-reduce "
+        "(keras-team/keras#19246: 'You must feed a value for placeholder "
+        "tensor'). On one host, create the strategy with "
+        "`cross_device_ops=tf.distribute.ReductionToOneDevice()` (or "
+        "`tfmemopt.distribute.auto_strategy(cross_device_ops="
+        "tf.distribute.ReductionToOneDevice())`); across workers, compile "
+        "with `steps_per_execution=1`."
+    )
+
 
 def fixed_keras_model_class(base=keras.Model):
     """A subclass of `base` with the multi-worker fixes (for tests, examples).
