@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import types
 
@@ -216,3 +217,24 @@ def test_nvml_logical_gpus_split_from_one_card_are_not_mapped(
 def test_nvml_module_is_imported_lazily():
     # No module-level `import pynvml`: tfmemopt imports without it.
     assert "pynvml" not in vars(_nvml)
+
+
+# -- host memory ---------------------------------------------------------------
+
+
+def test_host_rss_matches_psutil():
+    psutil = pytest.importorskip("psutil")
+    ours = memory.host_rss_bytes()
+    theirs = psutil.Process().memory_info().rss
+    assert abs(ours - theirs) < 4 * MIB, (ours, theirs)
+    assert ours > 50 * MIB  # TensorFlow alone is larger than that
+
+
+def test_host_rss_falls_back_to_psutil_without_proc(monkeypatch):
+    psutil = pytest.importorskip("psutil")
+    from tfmemopt.memory import _device
+
+    monkeypatch.setitem(_device._STATM, os.getpid(), None)  # no /proc
+    ours = memory.host_rss_bytes()
+    theirs = psutil.Process().memory_info().rss
+    assert abs(ours - theirs) < 4 * MIB, (ours, theirs)

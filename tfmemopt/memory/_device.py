@@ -91,8 +91,35 @@ def reset_peak(device: str = "CPU:0") -> bool:
     return True
 
 
+_STATM: dict = {}  # pid -> descriptor of /proc/<pid>/statm, or None
+
+
+def _statm_rss() -> int | None:
+    """RSS from /proc/<pid>/statm through a descriptor kept open (Linux).
+
+    About 10 us, against 60-400 us for psutil, which opens the file (and
+    builds a Process) on every call: this is read after every batch.
+    """
+    pid = os.getpid()  # a forked child must not read its parent's file
+    if pid not in _STATM:
+        try:
+            _STATM[pid] = os.open(f"/proc/{pid}/statm", os.O_RDONLY)
+        except OSError:
+            _STATM[pid] = None
+    fd = _STATM[pid]
+    if fd is None:
+        return None
+    try:
+        return int(os.pread(fd, 256, 0).split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def host_rss_bytes() -> int | None:
     """Resident set size of this process in bytes (None without psutil)."""
+    rss = _statm_rss()
+    if rss is not None:
+        return rss
     try:
         import psutil
     except ImportError:  # pragma: no cover - psutil is a dependency
