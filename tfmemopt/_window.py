@@ -155,112 +155,233 @@ class _Window:
         }
 
     # -- accumulation ----------------------------------------------------
+    # Dense gradients are summed in float32 loop variables. Gradients that
+    # Keras receives as `tf.IndexedSlices` (embedding lookups) stay sparse:
+    # their rows are collected and concatenated, so that the optimizer sees
+    # the same rows as for the whole batch (Keras's Adam squares the rows of
+    # a sparse gradient before duplicates are summed, so densifying would
+    # change the update). Under XLA they are densified (documented).
     def _first(self, out):
-        connected = [
-            any(g[j] is not None for g in out["grads"])
-            for j in range(len(self.variables))
-        ]
+        kinds = []
+        for j, v in enumerate(self.variables):
+            grads = [g[j] for g in out["grads"] if g[j] is not None]
+            if not grads:
+                kinds.append(None)
+            elif (
+                all(isinstance(g, tf.IndexedSlices) for g in grads)
+                and self.model.jit_compile is not True
+            ):
+                kinds.append("sparse")
+            else:
+                kinds.append("dense")
         self.spec = _Spec(
             out["dynamic_idx"],
             out["static"] is not None,
-            connected,
+            [k is not None for k in kinds],
             out["generic"],
         )
+        self.kinds = kinds
         return self._pack(out)
 
     def _pack(self, out):
-        """Micro-step output -> flat accumulator values (float32)."""
-        grads = []
+        """Micro-step output -> (dense accumulators, sparse rows)."""
+        dense, rows = [], []
         for group in out["grads"]:
-            grads.append(
-                [
-                    _as_dense_f32(g)
-                    if g is not None
-                    else tf.zeros_like(v, tf.float32)
-                    for g, v, c in zip(
-                        group, self.variables, self.spec.connected
+            dense_g, rows_g = [], []
+            for g, v, kind in zip(group, self.variables, self.kinds):
+                if kind == "dense":
+                    dense_g.append(
+                        _as_dense_f32(g)
+                        if g is not None
+                        else tf.zeros_like(v, tf.float32)
                     )
-                    if c
-                ]
-            )
+                elif kind == "sparse":
+                    if g is None:
+                        g = tf.IndexedSlices(
+                            tf.zeros((0,) + tuple(v.shape[1:]), tf.float32),
+                            tf.zeros((0,), tf.int32),
+                        )
+                    rows_g.append(
+                        (
+                            tf.cast(g.values, tf.float32),
+                            tf.cast(g.indices, tf.int32),
+                        )
+                    )
+            dense.append(dense_g)
+            rows.append(rows_g)
         zero = tf.zeros((), tf.float32)
         static = out["static"] if out["static"] is not None else zero
-        return {
-            "grads": grads,
+        acc = {
+            "grads": dense,
             "static": tf.cast(static, tf.float32),
             "dyn_num": [tf.cast(s, tf.float32) for s in out["dyn_num"]],
             "dyn_norm": [tf.cast(d, tf.float32) for d in out["dyn_norm"]],
             "terms": [tf.cast(t, tf.float32) for t in out["terms"]],
         }
+        return acc, rows
 
     def _step_and_add(self, acc, start, size):
-        new = self._pack(self.micro_step(start, size))
-        return tf.nest.map_structure(tf.add, acc, new)
+        new, rows = self._pack(self.micro_step(start, size))
+        return tf.nest.map_structure(tf.add, acc, new), rows
+
+    def _empty_rows(self):
+        return [
+            [
+                (
+                    tf.zeros((0,) + tuple(v.shape[1:]), tf.float32),
+                    tf.zeros((0,), tf.int32),
+                )
+                for v, kind in zip(self.variables, self.kinds)
+                if kind == "sparse"
+            ]
+            for _ in self._groups()
+        ]
+
+    def _groups(self):
+        return range(int(self.spec.has_static) + len(self.spec.dynamic))
 
     def run(self):
         plan = self.plan
-        acc = self._first(self.micro_step(0, plan.size))
+        acc, rows = self._first(self.micro_step(0, plan.size))
+        pieces = [rows]
         if plan.is_static:
             if plan.num_full > 1:
-                acc = self._loop(acc, plan.num_full, plan.size)
+                acc, loop_rows = self._loop(acc, plan.num_full, plan.size)
+                pieces.append(loop_rows)
             if plan.tail > 0:
-                acc = self._step_and_add(
+                acc, tail_rows = self._step_and_add(
                     acc, plan.num_full * plan.size, plan.tail
                 )
+                pieces.append(tail_rows)
         else:
-            acc = self._loop(acc, plan.num_full, plan.size)
-            acc = tf.cond(
+            acc, loop_rows = self._loop(acc, plan.num_full, plan.size)
+            pieces.append(loop_rows)
+            acc, tail_rows = tf.cond(
                 plan.tail > 0,
                 lambda: self._step_and_add(
                     acc, plan.num_full * plan.size, plan.tail
                 ),
-                lambda: acc,
+                lambda: (acc, self._empty_rows()),
             )
-        return self._finish(acc)
+            pieces.append(tail_rows)
+        return self._finish(acc, self._concat_rows(pieces))
+
+    def _concat_rows(self, pieces):
+        """[piece][group][var] (values, indices) -> [group][var] slices."""
+        out = []
+        for g in self._groups():
+            out_g = []
+            for k in range(len(pieces[0][g])):
+                values = tf.concat([p[g][k][0] for p in pieces], axis=0)
+                indices = tf.concat([p[g][k][1] for p in pieces], axis=0)
+                out_g.append((values, indices))
+            out.append(out_g)
+        return out
 
     def _loop(self, acc, num_full, size):
         flat = tf.nest.flatten(acc)
+        sparse_shapes = [
+            tuple(v.shape[1:])
+            for v, kind in zip(self.variables, self.kinds)
+            if kind == "sparse"
+        ]
+        n_arrays = len(sparse_shapes) * len(self._groups())
+
+        def new_arrays():
+            arrays = []
+            for _ in self._groups():
+                for shape in sparse_shapes:
+                    for dtype, element in (
+                        (tf.float32, (None,) + shape),
+                        (tf.int32, (None,)),
+                    ):
+                        arrays.append(
+                            tf.TensorArray(
+                                dtype,
+                                size=num_full - 1,
+                                element_shape=tf.TensorShape(element),
+                                infer_shape=False,
+                            )
+                        )
+            return arrays
 
         def cond(i, *_):
             return i < num_full
 
-        def body(i, *flat_acc):
-            current = tf.nest.pack_sequence_as(acc, list(flat_acc))
-            new = self._step_and_add(current, i * size, size)
-            return [i + 1] + tf.nest.flatten(new)
+        def body(i, *loop_vars):
+            current = tf.nest.pack_sequence_as(
+                acc, list(loop_vars[: len(flat)])
+            )
+            arrays = list(loop_vars[len(flat) :])
+            new, rows = self._step_and_add(current, i * size, size)
+            flat_rows = [t for group in rows for pair in group for t in pair]
+            arrays = [a.write(i - 1, t) for a, t in zip(arrays, flat_rows)]
+            return [i + 1] + tf.nest.flatten(new) + arrays
 
         out = tf.while_loop(
             cond,
             body,
-            [tf.constant(1, tf.int32)] + flat,
+            [tf.constant(1, tf.int32)] + flat + new_arrays(),
             parallel_iterations=1,
         )
-        return tf.nest.pack_sequence_as(acc, list(out[1:]))
+        acc = tf.nest.pack_sequence_as(acc, list(out[1 : 1 + len(flat)]))
+        arrays = list(out[1 + len(flat) :])
+        assert len(arrays) == 2 * n_arrays  # noqa: S101 - internal invariant
+        rows, it = [], iter(arrays)
+        for _ in self._groups():
+            rows.append(
+                [(next(it).concat(), next(it).concat()) for _ in sparse_shapes]
+            )
+        return acc, rows
 
     # -- the update --------------------------------------------------------
-    def _finish(self, acc):
+    def _finish(self, acc, rows):
         model, spec = self.model, self.spec
-        groups = acc["grads"]
         dyn_norm = [ln.global_sum(d) for d in acc["dyn_norm"]]
         weights = self._dynamic_weights()
-        offset = 1 if spec.has_static else 0
-        total = None
+        scales = []
         if spec.has_static:
-            total = list(groups[0])
-        for g, (norm, w) in enumerate(zip(dyn_norm, weights)):
-            scale = tf.math.divide_no_nan(tf.constant(w, tf.float32), norm)
-            scaled = [a * scale for a in groups[offset + g]]
-            total = (
-                scaled
-                if total is None
-                else [a + b for a, b in zip(total, scaled)]
+            scales.append(None)
+        for norm, w in zip(dyn_norm, weights):
+            scales.append(
+                tf.math.divide_no_nan(tf.constant(w, tf.float32), norm)
             )
-        connected_vars = [
-            v for v, c in zip(self.variables, spec.connected) if c
-        ]
-        grads_and_vars = [
-            (tf.cast(g, v.dtype), v) for g, v in zip(total, connected_vars)
-        ]
+        dense_total, sparse_values, sparse_indices = None, None, None
+        for g, scale in enumerate(scales):
+            dense = acc["grads"][g]
+            values = [v for v, _ in rows[g]]
+            if scale is not None:
+                dense = [a * scale for a in dense]
+                values = [v * scale for v in values]
+            indices = [i for _, i in rows[g]]
+            if dense_total is None:
+                dense_total, sparse_values, sparse_indices = (
+                    dense,
+                    values,
+                    indices,
+                )
+                continue
+            dense_total = [a + b for a, b in zip(dense_total, dense)]
+            sparse_values = [
+                tf.concat([a, b], 0) for a, b in zip(sparse_values, values)
+            ]
+            sparse_indices = [
+                tf.concat([a, b], 0) for a, b in zip(sparse_indices, indices)
+            ]
+        dense_it = iter(dense_total)
+        sparse_it = iter(zip(sparse_values, sparse_indices))
+        grads_and_vars = []
+        for v, kind in zip(self.variables, self.kinds):
+            if kind == "dense":
+                grads_and_vars.append((tf.cast(next(dense_it), v.dtype), v))
+            elif kind == "sparse":
+                values, indices = next(sparse_it)
+                grad = tf.IndexedSlices(
+                    tf.cast(values, v.dtype),
+                    indices,
+                    dense_shape=tf.constant(list(v.shape), tf.int32),
+                )
+                grads_and_vars.append((grad, v))
         if grads_and_vars:
             grads_and_vars = _dist.before_apply(grads_and_vars, model.optimizer)
             model.optimizer.apply_gradients(grads_and_vars)

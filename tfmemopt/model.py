@@ -34,6 +34,23 @@ def _check_positive_int(name, value):
         )
 
 
+def _functional_arguments(args, kwargs) -> bool:
+    return (
+        (len(args) == 2)
+        or (len(args) == 1 and "outputs" in kwargs)
+        or ("inputs" in kwargs and "outputs" in kwargs)
+    )
+
+
+def _keras_functional_class():
+    """Keras's `Functional` class, found without importing `keras.src`."""
+    for subclass in keras.Model.__subclasses__():
+        if subclass.__name__ == "Functional":
+            return subclass
+    inputs = keras.Input((1,))
+    return type(keras.Model(inputs, keras.layers.Identity()(inputs)))
+
+
 def _inner_optimizer(optimizer):
     """The optimizer under Keras's LossScaleOptimizer, if any."""
     while isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
@@ -96,6 +113,14 @@ class Model(_dist.FitFixes, keras.Model):
     ```
     """
 
+    def __new__(cls, *args, **kwargs):
+        # `tfmemopt.Model(inputs, outputs)` builds a functional model. Keras
+        # would graft `Functional` into this class's bases for good (which
+        # then breaks subclassing it); a dedicated subclass keeps them apart.
+        if _functional_arguments(args, kwargs):
+            cls = _functional_variant(cls)
+        return super().__new__(cls, *args, **kwargs)
+
     def __init__(
         self,
         *args,
@@ -118,7 +143,10 @@ class Model(_dist.FitFixes, keras.Model):
             _check_positive_int("accumulation_steps", accumulation_steps)
         if micro_batch_size is not None:
             _check_positive_int("micro_batch_size", micro_batch_size)
-        super().__init__(*args, **kwargs)
+        if _functional_arguments(args, kwargs):
+            _keras_functional_class().__init__(self, *args, **kwargs)
+        else:
+            keras.Model.__init__(self, *args, **kwargs)
         self._accumulation_steps = accumulation_steps
         self._micro_batch_size = micro_batch_size
         self._checkpointing_policy = checkpointing
@@ -198,6 +226,14 @@ class Model(_dist.FitFixes, keras.Model):
                 "tfmemopt.Model already gives the full-batch update."
             )
 
+    def compile_from_config(self, config):
+        # Keras skips this for models that override `compile`; ours only adds
+        # a check, so the saved compile arguments are restored as usual.
+        config = keras.saving.deserialize_keras_object(config)
+        self.compile(**config)
+        if getattr(self, "optimizer", None) is not None and self.built:
+            self.optimizer.build(self.trainable_variables)
+
     def _ensure_checkpointing(self):
         """Applies the checkpointing policy once the model is built."""
         if self._checkpointing_policy is None or self._checkpointing_report:
@@ -248,6 +284,33 @@ class Model(_dist.FitFixes, keras.Model):
                 model._ensure_checkpointing()
             return model
         return cls(**config, **settings)
+
+
+_FUNCTIONAL_VARIANTS = {}
+
+
+def _functional_variant(cls):
+    """`cls` combined with Keras's `Functional` (made once per class)."""
+    functional = _keras_functional_class()
+    if issubclass(cls, functional):
+        return cls
+    if cls not in _FUNCTIONAL_VARIANTS:
+        variant = type(
+            cls.__name__,
+            (cls, functional),
+            {
+                "__module__": cls.__module__,
+                "__qualname__": cls.__qualname__,
+                "__doc__": cls.__doc__,
+            },
+        )
+        if cls is Model:
+            # Saved functional tfmemopt.Models load back as this class.
+            variant = keras.saving.register_keras_serializable(
+                package="tfmemopt", name="Model"
+            )(variant)
+        _FUNCTIONAL_VARIANTS[cls] = variant
+    return _FUNCTIONAL_VARIANTS[cls]
 
 
 def _serializable_policy(policy):
