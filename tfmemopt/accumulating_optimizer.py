@@ -241,7 +241,8 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
             acc = self._accumulators[self._get_variable_index(variable)]
             if isinstance(grad, tf.IndexedSlices):
                 grad = tf.convert_to_tensor(grad)
-            acc.assign_add(tf.cast(grad, "float32") * weight)
+            grad = tf.cast(grad, "float32")
+            acc.assign_add(grad if num_items is None else grad * weight)
             accumulators.append(acc)
         self._item_count.assign_add(weight)
         variables = [v for _, v in pairs]
