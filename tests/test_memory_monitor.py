@@ -29,6 +29,13 @@ KEY_CUR = "memory/CPU:0/current_mib"
 KEY_PEAK = "memory/CPU:0/peak_mib"
 KEY_RSS = "memory/host/rss_mib"
 
+try:
+    import tensorboard  # noqa: F401 - tf.summary needs it
+
+    HAS_TENSORBOARD = True
+except ImportError:
+    HAS_TENSORBOARD = False
+
 needs_stats = pytest.mark.skipif(
     not memory.stats_available("CPU:0"),
     reason="CPU allocator statistics need TF_ENABLE_ONEDNN_OPTS=1",
@@ -180,11 +187,11 @@ def trained(tmp_path_factory):
     keras.utils.set_random_seed(0)
     tmp = tmp_path_factory.mktemp("monitor")
     monitor = MemoryMonitor(verbose=0)
-    callbacks = [
-        monitor,
-        keras.callbacks.CSVLogger(str(tmp / "log.csv")),
-        keras.callbacks.TensorBoard(str(tmp / "tb"), update_freq="batch"),
-    ]
+    callbacks = [monitor, keras.callbacks.CSVLogger(str(tmp / "log.csv"))]
+    if HAS_TENSORBOARD:
+        callbacks.append(
+            keras.callbacks.TensorBoard(str(tmp / "tb"), update_freq="batch")
+        )
     x, y = _data(2048)
     history = _mlp().fit(
         x, y, batch_size=512, epochs=2, callbacks=callbacks, verbose=0
@@ -239,6 +246,7 @@ def _read_events(directory):
     return scalars
 
 
+@pytest.mark.skipif(not HAS_TENSORBOARD, reason="needs tensorboard")
 def test_tensorboard_event_file_holds_the_values(trained):
     monitor, history, tmp = trained
     scalars = _read_events(str(tmp / "tb" / "train"))
@@ -291,7 +299,7 @@ def test_summary_printed_at_end_of_fit_unless_verbose_0(
 
 
 def test_plot_writes_a_real_png_of_the_run(trained, tmp_path):
-    from PIL import Image
+    Image = pytest.importorskip("PIL.Image")
 
     monitor, _, _ = trained
     path = monitor.plot(str(tmp_path / "memory.png"))
@@ -304,6 +312,7 @@ def test_plot_writes_a_real_png_of_the_run(trained, tmp_path):
 
 
 def test_plot_draws_the_recorded_values(trained):
+    pytest.importorskip("matplotlib")
     from tfmemopt.callbacks._plot import figure
 
     monitor, _, _ = trained
