@@ -43,6 +43,8 @@ from tfmemopt.estimate import estimate_memory  # noqa: E402
 from tfmemopt.batch_size import find_batch_size  # noqa: E402
 from tfmemopt.batch_size import suggest_accumulation  # noqa: E402
 from tfmemopt.oom import oom_report  # noqa: E402
+from tfmemopt.planner import Plan  # noqa: E402
+from tfmemopt.planner import plan  # noqa: E402
 
 __all__ = [
     "__version__",
@@ -65,4 +67,6 @@ __all__ = [
     "find_batch_size",
     "suggest_accumulation",
     "oom_report",
+    "plan",
+    "Plan",
 ]

@@ -1,0 +1,159 @@
+"""tfmemopt.plan: the fastest settings that fit, keeping the global batch."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+
+import tfmemopt
+from tfmemopt import memory
+from tfmemopt import planner
+from tfmemopt._trials import TrialRunner
+
+needs_stats = pytest.mark.skipif(
+    not memory.stats_available("CPU:0"),
+    reason="CPU allocator statistics need TF_ENABLE_ONEDNN_OPTS=1",
+)
+
+
+def transformer(seq=64, width=64, blocks=2, heads=4):
+    inputs = keras.Input((seq, width))
+    h = inputs
+    for _ in range(blocks):
+        a = keras.layers.MultiHeadAttention(heads, width // heads)(h, h)
+        h = keras.layers.LayerNormalization()(h + a)
+        f = keras.layers.Dense(4 * width, activation="gelu")(h)
+        f = keras.layers.Dense(width)(f)
+        h = keras.layers.LayerNormalization()(h + f)
+    pooled = keras.layers.GlobalAveragePooling1D()(h)
+    outputs = keras.layers.Dense(1)(pooled)
+    model = keras.Model(inputs, outputs)
+    model.compile(optimizer="adam", loss="mse")
+    return model
+
+
+def mlp():
+    model = keras.Sequential(
+        [
+            keras.Input((16,)),
+            keras.layers.Dense(32, activation="relu"),
+            keras.layers.Dense(1),
+        ]
+    )
+    model.compile(optimizer="adam", loss="mse")
+    return model
+
+
+# --- the pure parts ---------------------------------------------------------
+
+
+def test_step_time_model():
+    whole = planner.step_time(256, 1, None, "float32", False)
+    assert whole == 1.0
+    four = planner.step_time(64, 4, None, "float32", False)
+    sixteen = planner.step_time(16, 16, None, "float32", False)
+    assert 1.0 < four < sixteen
+    # (4 x (64 + 8)) / (256 + 8), worked out by hand
+    assert four == pytest.approx(288 / 264, abs=1e-4)
+    ckpt = planner.step_time(256, 1, "auto", "float32", False)
+    assert ckpt == pytest.approx(1.33)
+    assert planner.step_time(256, 1, None, "mixed_bfloat16", True) < 1.0
+    assert planner.step_time(256, 1, None, "mixed_bfloat16", False) > 1.0
+
+
+def test_choose_fastest_that_fits():
+    rows = [
+        {"peak": 100, "time": 1.0},
+        {"peak": 60, "time": 1.2},
+        {"peak": 40, "time": 1.2},
+        {"peak": 10, "time": 2.0},
+    ]
+    assert planner.choose(rows, 100) is rows[0]
+    assert planner.choose(rows, 70) is rows[2]  # tie on time: less memory
+    assert planner.choose(rows, 5) is None
+
+
+# --- plans from the estimator -------------------------------------------------
+
+
+def test_whole_batch_when_it_fits():
+    p = tfmemopt.plan(mlp(), 64, "1GiB")
+    assert (p.accumulation_steps, p.micro_batch_size) == (1, 64)
+    assert p.checkpointing is None and p.policy == "float32"
+    assert p.relative_step_time == 1.0
+    assert "fits as it is" in p.why
+    assert p.estimated_peak <= p.memory_budget
+    assert p.model_kwargs == {"accumulation_steps": 1, "checkpointing": None}
+
+
+def test_replicas_and_accumulation_keep_the_global_batch():
+    model = transformer(seq=32)
+    full = tfmemopt.estimate_memory(model, 64, replicas=2).total
+    p = tfmemopt.plan(model, 64, full // 2, replicas=2, allow=("accumulation",))
+    assert p.micro_batch_size * p.accumulation_steps * p.replicas == 64
+    assert p.accumulation_steps > 1 and p.replicas == 2
+    assert p.estimated_peak <= full // 2
+    assert p.checkpointing is None and p.policy == "float32"
+
+
+@needs_stats
+@pytest.mark.slow
+def test_transformer_at_2_5x_the_budget_fits_when_applied():
+    model = transformer()
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 64, 64)).astype("float32")
+    y = rng.normal(size=(64, 1)).astype("float32")
+    with TrialRunner(model, (x, y), steps=1) as runner:
+        plain = runner.run(64)[0]
+    budget = int(plain / 2.5)
+    p = tfmemopt.plan(model, 64, budget, verify=True, data=(x, y))
+    assert p.micro_batch_size * p.accumulation_steps * p.replicas == 64
+    assert p.measured_peak is not None and p.measured_peak <= budget
+    applied = p.apply(model)
+    assert isinstance(applied, tfmemopt.Model)
+    assert applied.accumulation_steps == p.accumulation_steps
+    with TrialRunner(applied, (x, y), steps=2) as runner:
+        measured = runner.run(64)[0]
+    # Peaks vary between identical runs: allow 10 % over the budget.
+    assert measured <= budget * 1.10, (plain, budget, measured, str(p))
+    history = applied.fit(x, y, batch_size=64, epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"][0])
+
+
+def test_apply_mixed_precision_keeps_weights_and_float32_outputs():
+    model = mlp()
+    p = planner.Plan(64, 32, 2, 1, None, "mixed_bfloat16", 0, 1.0, 1)
+    applied = p.apply(model)
+    inner = applied.inner
+    assert inner is not model
+    assert inner.layers[0].compute_dtype == "bfloat16"
+    assert inner.layers[-1].compute_dtype == "float32"
+    for a, b in zip(model.get_weights(), inner.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    assert applied.accumulation_steps == 2
+    assert applied.compiled and model.layers[0].compute_dtype == "float32"
+
+
+# --- bad input ----------------------------------------------------------------
+
+
+def test_budget_smaller_than_the_state_cannot_fit():
+    with pytest.raises(ValueError, match="cannot fit at any batch size"):
+        tfmemopt.plan(mlp(), 64, 1024)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"allow": ("accumulation", "pruning")}, "unknown: \\['pruning'\\]"),
+        ({"allow": "accumulation"}, "must be a tuple"),
+        ({"replicas": 3}, "divisible by `replicas`"),
+        ({"verify": True}, "needs `data`"),
+        ({"memory_budget": "lots"}, "such as '16GiB'"),
+    ],
+)
+def test_bad_arguments(kwargs, match):
+    args = {"memory_budget": "1GiB", **kwargs}
+    with pytest.raises(ValueError, match=match):
+        tfmemopt.plan(mlp(), 64, **args)

@@ -1,0 +1,119 @@
+"""Turning a `Plan` into a model: precision, checkpointing, accumulation."""
+
+from __future__ import annotations
+
+import gc
+
+import keras
+
+
+def _policy_name(model) -> str:
+    policy = getattr(model, "dtype_policy", None)
+    return getattr(policy, "name", None) or keras.config.dtype_policy().name
+
+
+def _swap(config, old: str, new: str, keep: set):
+    """Replaces dtype policy `old` by `new` in a layer config tree."""
+    if isinstance(config, list):
+        return [_swap(c, old, new, keep) for c in config]
+    if not isinstance(config, dict):
+        return config
+    inner = config.get("config")
+    if isinstance(inner, dict) and inner.get("name") in keep:
+        return config  # an output layer: keep float32 outputs
+    out = {}
+    for key, value in config.items():
+        if (
+            key == "dtype"
+            and isinstance(value, dict)
+            and value.get("class_name") == "DTypePolicy"
+            and value.get("config", {}).get("name") == old
+        ):
+            value = dict(value, config=dict(value["config"], name=new))
+        out[key] = _swap(value, old, new, keep)
+    return out
+
+
+def rebuild(model: keras.Model, policy: str) -> keras.Model:
+    """A copy of `model` whose layers compute under `policy`, same weights.
+
+    Output layers keep their policy, so outputs (and softmax) stay float32.
+    """
+    old = _policy_name(model)
+    try:
+        config = model.get_config()
+        keep = set()
+        if isinstance(model, keras.Sequential):
+            keep = {model.layers[-1].name} if model.layers else set()
+        else:
+            outputs = config.get("output_layers") or []
+            if outputs and isinstance(outputs[0], str):
+                outputs = [outputs]  # a single output: [name, 0, 0]
+            keep = {entry[0] for entry in outputs}
+        config = _swap(config, old, policy, keep)
+        previous = keras.config.dtype_policy()
+        keras.config.set_dtype_policy(policy)
+        try:
+            copy = type(model).from_config(config)
+        finally:
+            keras.config.set_dtype_policy(previous)
+        copy.set_weights(model.get_weights())
+    except Exception as e:  # noqa: BLE001 - explained below
+        raise ValueError(
+            f"Cannot rebuild {type(model).__name__} {model.name!r} under "
+            f"policy {policy!r} ({type(e).__name__}: {e}). Build the model "
+            f"inside `tfmemopt.mixed_precision.configure({policy!r})` and "
+            "call `plan.apply(model)` again, or plan with allow=("
+            "'accumulation', 'checkpointing')."
+        ) from e
+    return copy
+
+
+def apply_plan(plan, model: keras.Model, copy: bool = False) -> keras.Model:
+    """See `Plan.apply`; `copy=True` never touches `model` (for verify)."""
+    from tfmemopt.checkpointing import enable_checkpointing
+    from tfmemopt.model import Model
+
+    if not isinstance(model, keras.Model) or not model.built:
+        raise ValueError(
+            "`plan.apply` needs a built keras.Model. Received: "
+            f"{type(model).__name__}"
+            + (" (not built: call it on a batch first)." if model else ".")
+        )
+    base = model
+    if copy or plan.policy != _policy_name(model):
+        base = rebuild(model, plan.policy)
+    if plan.checkpointing is not None:
+        enable_checkpointing(base, plan.checkpointing)
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(plan.policy)
+    try:
+        wrapped = Model.wrap(base, accumulation_steps=plan.accumulation_steps)
+        if getattr(model, "compiled", False):
+            wrapped.compile_from_config(model.get_compile_config())
+    finally:
+        keras.config.set_dtype_policy(previous)
+    return wrapped
+
+
+def measure_plan(plan, model: keras.Model, data) -> int | None:
+    """Peak bytes of a few steps of `plan` applied to a copy of `model`."""
+    from tfmemopt._trials import TrialRunner
+    from tfmemopt.oom import is_oom
+
+    applied = apply_plan(plan, model, copy=True)
+    try:
+        with TrialRunner(applied, data, steps=2) as runner:
+            if not runner.stats:
+                return None
+            peak, oom = runner.run(plan.global_batch_size // plan.replicas)
+    except Exception as e:  # noqa: BLE001
+        if not is_oom(e):
+            raise
+        peak, oom = None, str(e)
+    finally:
+        del applied
+        gc.collect()
+    if oom:
+        return plan.memory_budget + 1
+    return peak

@@ -1,0 +1,356 @@
+"""Choose accumulation, checkpointing and precision that fit a memory budget.
+
+`plan` asks the estimator (`tfmemopt.estimate_memory`) for the peak of
+each combination of precision policy, checkpointing and accumulation steps
+that keeps the requested global batch exactly, and picks the fastest one
+that fits, by a simple step-time model. With `verify=True` it also trains
+a few steps of the applied plan and moves on when the measurement says it
+does not fit. The choice itself is a pure function (`choose`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import keras
+
+from tfmemopt import _search
+from tfmemopt._plan_apply import apply_plan
+
+ALLOW = ("accumulation", "checkpointing", "mixed_precision")
+# A pass over a micro-batch costs as much as this many extra samples
+# (kernel launches, weight reads, the optimizer's share).
+_PASS_OVERHEAD = 8
+_CHECKPOINT_COST = 1.33  # one extra forward pass (+30% measured)
+_FAST_16BIT = 0.6  # tensor cores (GPU >= 7.0, TPU)
+_SLOW_16BIT = 1.3  # CPUs and older GPUs: converts, no faster matmuls
+
+
+def _mib(n) -> str:
+    return "-" if n is None else f"{n / 2**20:,.1f} MiB"
+
+
+@dataclasses.dataclass
+class Plan:
+    """Settings that train `global_batch_size` within `memory_budget`.
+
+    Attributes:
+        global_batch_size: Int, micro_batch_size x accumulation_steps x
+            replicas, exactly as requested.
+        micro_batch_size: Int, samples per forward/backward pass per replica.
+        accumulation_steps: Int, micro-batches per optimizer update.
+        replicas: Int, data-parallel replicas.
+        checkpointing: `None` or the checkpointing policy (`"auto"`).
+        policy: Str, the dtype policy (`"float32"`, `"mixed_bfloat16"`...).
+        estimated_peak: Int, bytes per device (`tfmemopt.estimate_memory`).
+        relative_step_time: Float, estimated step time relative to the
+            whole batch in float32 without checkpointing (a model, not a
+            measurement: see docs/batch_size.md).
+        memory_budget: Int, bytes.
+        why: Str, why this combination was chosen.
+        measured_peak: Int or `None`, bytes measured by `verify=True`.
+        considered: List of dicts, every combination estimated.
+    """
+
+    global_batch_size: int
+    micro_batch_size: int
+    accumulation_steps: int
+    replicas: int
+    checkpointing: object
+    policy: str
+    estimated_peak: int
+    relative_step_time: float
+    memory_budget: int
+    why: str = ""
+    measured_peak: int | None = None
+    considered: list = dataclasses.field(default_factory=list)
+
+    @property
+    def model_kwargs(self) -> dict:
+        """Arguments for `tfmemopt.Model(...)` / `tfmemopt.Model.wrap(...)`."""
+        return {
+            "accumulation_steps": self.accumulation_steps,
+            "checkpointing": self.checkpointing,
+        }
+
+    def apply(self, model: keras.Model) -> keras.Model:
+        """A `tfmemopt.Model` that trains `model` with this plan.
+
+        Rebuilds `model` under the plan's dtype policy when it differs
+        (weights copied; the last layer keeps its policy so outputs stay
+        float32), enables checkpointing on it in place, wraps it with the
+        accumulation steps and compiles it as `model` was compiled. Fit the
+        result with `batch_size=plan.global_batch_size // plan.replicas`
+        per replica (the global batch under a distribution strategy).
+        """
+        return apply_plan(self, model)
+
+    def __str__(self) -> str:
+        lines = [
+            f"micro_batch_size={self.micro_batch_size} x accumulation_steps="
+            f"{self.accumulation_steps} x replicas={self.replicas} = "
+            f"global batch {self.global_batch_size}",
+            f"checkpointing={self.checkpointing!r}, policy={self.policy!r}",
+            f"estimated peak {_mib(self.estimated_peak)} of budget "
+            f"{_mib(self.memory_budget)}"
+            + (
+                f", measured {_mib(self.measured_peak)}"
+                if self.measured_peak is not None
+                else ""
+            ),
+            f"relative step time {self.relative_step_time:.2f}",
+            f"why: {self.why}",
+        ]
+        return "\n".join(lines)
+
+
+def step_time(micro, steps, checkpointing, policy, fast_16bit) -> float:
+    """Relative step time of a combination (1.0: whole batch, float32)."""
+    batch = micro * steps
+    t = steps * (micro + _PASS_OVERHEAD) / (batch + _PASS_OVERHEAD)
+    if checkpointing is not None:
+        t *= _CHECKPOINT_COST
+    if policy.startswith("mixed") or policy in ("float16", "bfloat16"):
+        t *= _FAST_16BIT if fast_16bit else _SLOW_16BIT
+    return round(t, 4)
+
+
+def choose(candidates: list[dict], budget: int) -> dict | None:
+    """The fastest candidate whose `"peak"` fits (ties: the least memory)."""
+    fitting = [c for c in candidates if c["peak"] <= budget]
+    if not fitting:
+        return None
+    return min(fitting, key=lambda c: (c["time"], c["peak"]))
+
+
+def _policies(model, allow) -> tuple[list[str], bool]:
+    base = keras.config.dtype_policy().name
+    if hasattr(model, "dtype_policy"):
+        base = model.dtype_policy.name
+    if "mixed_precision" not in allow or base.startswith("mixed"):
+        return [base], False
+    from tfmemopt import mixed_precision
+
+    try:
+        suited, _ = mixed_precision.choose_policy(
+            mixed_precision.detect_hardware()
+        )
+    except Exception:  # noqa: BLE001 - planning must not depend on probing
+        suited = "float32"
+    if suited.startswith("mixed"):
+        return [base, suited], True
+    return [base, "mixed_bfloat16"], False
+
+
+def _steps_options(per_replica, multiple_of, allow) -> list[int]:
+    if "accumulation" not in allow:
+        return [1]
+    divisors = [d for d in range(1, per_replica + 1) if per_replica % d == 0]
+    aligned = [
+        d for d in divisors if (per_replica // d) % multiple_of == 0 or d == 1
+    ]
+    return aligned if len(aligned) > 1 else divisors
+
+
+def plan(
+    model: keras.Model,
+    global_batch_size: int,
+    memory_budget: int | str,
+    optimizer=None,
+    allow: tuple[str, ...] = ALLOW,
+    replicas: int = 1,
+    multiple_of: int = 8,
+    verify: bool = False,
+    data=None,
+) -> Plan:
+    """Chooses the fastest settings that train a batch within a budget.
+
+    For each precision policy (the model's; a 16-bit one if allowed) and
+    checkpointing (off; `"auto"` if allowed) it finds, with the estimator,
+    the fewest accumulation steps whose estimated peak fits, keeping
+    `micro_batch_size x accumulation_steps x replicas == global_batch_size`
+    (aligned micro-batches preferred). Among those that fit it picks the
+    lowest estimated step time: fewer micro-batches are faster, checkpointing
+    costs about one extra forward pass, 16-bit compute is faster only on
+    tensor cores. Cost: a few traces of the model (seconds each); with
+    `verify=True` also a few training steps of each plan it checks.
+
+    Args:
+        model: A built `keras.Model`.
+        global_batch_size: Int, samples per optimizer update, all replicas.
+        memory_budget: Int bytes or str (`"16GiB"`), per device.
+        optimizer: `None` (the model's, else Adam), a name or an optimizer.
+        allow: Tuple of str, defaults to all of `("accumulation",
+            "checkpointing", "mixed_precision")`.
+        replicas: Int, defaults to `1`.
+        multiple_of: Int, defaults to `8`: preferred micro-batch alignment.
+        verify: Bool, defaults to `False`: measure the applied plan on this
+            device (needs `data` and a compiled model; changes nothing).
+        data: As for `find_batch_size`, when `verify=True`.
+
+    Returns:
+        A `Plan` (`.apply(model)`, `.model_kwargs`, `str(plan)`).
+
+    Raises:
+        ValueError: bad arguments; a budget smaller than the weights,
+            gradients and optimizer state (no batch fits); nothing allowed
+            fits.
+
+    Example:
+
+    >>> p = tfmemopt.plan(model, 256, "8GiB")  # doctest: +SKIP
+    >>> model = p.apply(model)  # doctest: +SKIP
+    >>> model.fit(x, y, batch_size=p.global_batch_size)  # doctest: +SKIP
+    """
+    from tfmemopt.estimate import estimate_memory
+
+    _search.check_int("global_batch_size", global_batch_size)
+    _search.check_int("replicas", replicas)
+    _search.check_int("multiple_of", multiple_of)
+    budget = _search.parse_bytes(memory_budget)
+    unknown = [a for a in allow if a not in ALLOW]
+    if isinstance(allow, str) or unknown:
+        raise ValueError(
+            f"`allow` must be a tuple of {ALLOW}. Received: allow={allow!r}"
+            + (f" (unknown: {unknown})" if unknown else "")
+            + "."
+        )
+    if global_batch_size % replicas:
+        raise ValueError(
+            "`global_batch_size` must be divisible by `replicas`. Received: "
+            f"global_batch_size={global_batch_size}, replicas={replicas}."
+        )
+    if verify and data is None:
+        raise ValueError("`verify=True` needs `data` to train on.")
+    per_replica = global_batch_size // replicas
+    policies, fast = _policies(model, allow)
+    ckpts = [None, "auto"] if "checkpointing" in allow else [None]
+    steps_list = _steps_options(per_replica, multiple_of, allow)
+    considered = []
+
+    cache = {}
+
+    def peak(policy, ckpt, steps) -> int:
+        key = (policy, ckpt, steps)
+        if key not in cache:
+            est = estimate_memory(
+                model,
+                global_batch_size,
+                optimizer=optimizer,
+                policy=policy,
+                accumulation_steps=steps,
+                checkpointing=ckpt,
+                replicas=replicas,
+            )
+            micro = per_replica // steps
+            cache[key] = {
+                "policy": policy,
+                "checkpointing": ckpt,
+                "accumulation_steps": steps,
+                "micro_batch_size": micro,
+                "peak": int(est.total),
+                "state": int(
+                    est.parameters + est.gradients + est.optimizer_state
+                ),
+                "time": step_time(micro, steps, ckpt, policy, fast),
+            }
+            considered.append(cache[key])
+        return cache[key]["peak"]
+
+    for policy in policies:
+        for ckpt in ckpts:
+            # The peak falls as the steps grow: bisect for the fewest.
+            lo, hi = 0, len(steps_list) - 1
+            if peak(policy, ckpt, steps_list[hi]) > budget:
+                continue
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if peak(policy, ckpt, steps_list[mid]) <= budget:
+                    hi = mid
+                else:
+                    lo = mid + 1
+    rejected, scale = [], 1.0
+    for _ in range(4 if verify else 1):
+        pool = [c for c in considered if id(c) not in rejected]
+        best = choose(pool, budget / scale)
+        if best is None:
+            _raise_no_fit(considered, budget, global_batch_size, scale)
+        result = _make_plan(best, global_batch_size, replicas, budget)
+        result.considered = considered
+        if not verify:
+            return result
+        from tfmemopt._plan_apply import measure_plan
+
+        result.measured_peak = measure_plan(result, model, data)
+        if result.measured_peak is None or result.measured_peak <= budget:
+            return result
+        # The estimate was low here: trust it that much less from now on.
+        rejected.append(id(best))
+        scale = max(scale, result.measured_peak / max(best["peak"], 1))
+    raise ValueError(
+        f"No plan was measured within memory_budget={_mib(budget)} after 4 "
+        f"tries (last: {result.micro_batch_size} x "
+        f"{result.accumulation_steps}, measured "
+        f"{_mib(result.measured_peak)}). Raise the budget."
+    )
+
+
+def _make_plan(best, global_batch_size, replicas, budget) -> Plan:
+    steps, ckpt, policy = (
+        best["accumulation_steps"],
+        best["checkpointing"],
+        best["policy"],
+    )
+    parts = []
+    if steps > 1:
+        parts.append(
+            f"{steps} accumulation steps of {best['micro_batch_size']}"
+        )
+    if ckpt is not None:
+        parts.append(f"checkpointing {ckpt!r}")
+    if policy.startswith("mixed"):
+        parts.append(policy)
+    why = (
+        "the whole batch fits as it is"
+        if not parts
+        else "the fastest combination that fits: " + ", ".join(parts)
+    )
+    return Plan(
+        global_batch_size=global_batch_size,
+        micro_batch_size=best["micro_batch_size"],
+        accumulation_steps=steps,
+        replicas=replicas,
+        checkpointing=ckpt,
+        policy=policy,
+        estimated_peak=best["peak"],
+        relative_step_time=best["time"],
+        memory_budget=budget,
+        why=why,
+    )
+
+
+def _raise_no_fit(considered, budget, global_batch_size, scale=1.0):
+    state = min(c["state"] for c in considered)
+    if state >= budget:
+        raise ValueError(
+            "The model cannot fit at any batch size: its weights, gradients "
+            f"and optimizer state alone take {_mib(state)} (estimated), more "
+            f"than memory_budget={_mib(budget)}. Accumulation, checkpointing "
+            "and mixed precision only shrink activations. Raise the budget, "
+            "use more replicas with sharded state, a smaller model, or an "
+            "optimizer with less state (SGD keeps none)."
+        )
+    least = min(considered, key=lambda c: c["peak"])
+    measured = (
+        f" (x {scale:.2f}, the ratio measured/estimated by verify)"
+        if scale != 1.0
+        else ""
+    )
+    raise ValueError(
+        f"No allowed combination trains global_batch_size={global_batch_size}"
+        f" within memory_budget={_mib(budget)}: the smallest estimate is "
+        f"{_mib(least['peak'] * scale)}{measured} (micro-batch "
+        f"{least['micro_batch_size']}, "
+        f"checkpointing={least['checkpointing']!r}, policy="
+        f"{least['policy']!r}). Allow more techniques, or raise the budget."
+    )
