@@ -197,6 +197,24 @@ def auto_strategy(
     return strategy
 
 
+def _public_name(strategy) -> str:
+    # Internal aliases (CollectiveAllReduceStrategy, TPUStrategyV2) get the
+    # name users wrote.
+    for cls, public in (
+        (tf.distribute.TPUStrategy, "TPUStrategy"),
+        (
+            tf.distribute.MultiWorkerMirroredStrategy,
+            "MultiWorkerMirroredStrategy",
+        ),
+        (tf.distribute.MirroredStrategy, "MirroredStrategy"),
+        (tf.distribute.OneDeviceStrategy, "OneDeviceStrategy"),
+    ):
+        if isinstance(strategy, cls):
+            return public
+    name = type(strategy).__name__
+    return "default strategy" if name.startswith("_Default") else name
+
+
 def describe(strategy=None) -> str:
     """One line saying what a strategy is: kind, replicas, devices, workers.
 
@@ -228,9 +246,7 @@ def describe(strategy=None) -> str:
             "`describe` expects a `tf.distribute.Strategy`. Received: "
             f"strategy={strategy!r} (of type {type(strategy).__name__})."
         )
-    name = type(strategy).__name__
-    if name == "_DefaultDistributionStrategy":
-        name = "default strategy"
+    name = _public_name(strategy)
     replicas = strategy.num_replicas_in_sync
     try:
         devices = tuple(strategy.extended.worker_devices)
@@ -241,8 +257,10 @@ def describe(strategy=None) -> str:
     task = ""
     if resolver is not None:
         try:
-            spec = resolver.cluster_spec()
-            workers = max(1, spec.num_tasks("worker") + spec.num_tasks("chief"))
+            jobs = resolver.cluster_spec().as_dict()
+            workers = max(
+                1, len(jobs.get("worker", [])) + len(jobs.get("chief", []))
+            )
             if resolver.task_type is not None:
                 task = f", this is {resolver.task_type} {resolver.task_id}"
         except (ValueError, KeyError, AttributeError):
