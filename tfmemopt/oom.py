@@ -170,7 +170,8 @@ def build_report(
     if budget is None:
         report.plan_error = (
             report.plan_error
-            or "no memory budget: pass `memory_budget` to oom_report()"
+            or "no memory budget: pass `memory_budget` to oom_report(), or "
+            "find what fits with tfmemopt.find_batch_size()"
         )
         return report
     try:
@@ -180,6 +181,24 @@ def build_report(
     except Exception as e:  # noqa: BLE001
         report.plan_error = f"{type(e).__name__}: {e}"
     return report
+
+
+def fit_batch_size(args: tuple, kwargs: dict) -> int | None:
+    """The global batch size of a `fit(*args, **kwargs)` call, if known."""
+    if kwargs.get("batch_size") is not None:
+        return int(kwargs["batch_size"])
+    if len(args) > 2 and args[2] is not None:
+        return int(args[2])
+    x = args[0] if args else kwargs.get("x")
+    if x is None:
+        return None
+    if isinstance(x, tf.data.Dataset):
+        first = tf.nest.flatten(x.element_spec)[0]
+        dim = first.shape[0] if first.shape.rank else None
+        return int(dim) if dim is not None else None
+    if hasattr(x, "shape") or isinstance(x, (dict, list, tuple)):
+        return 32  # Keras's default for arrays
+    return None
 
 
 @contextlib.contextmanager

@@ -1,0 +1,139 @@
+"""The out-of-memory report: tfmemopt.Model.fit and oom_report()."""
+
+from __future__ import annotations
+
+import pickle
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfmemopt
+from tfmemopt.oom import OutOfMemoryError
+from tfmemopt.oom import fit_batch_size
+from tfmemopt.oom import is_oom
+
+
+class OOMAtRuntime(keras.layers.Layer):
+    """Raises ResourceExhaustedError when run on more than `threshold` rows.
+
+    The check runs in the step (a py_function), not when traced, so the
+    estimator can still trace the model at the failing batch size.
+    """
+
+    def __init__(self, threshold, **kwargs):
+        super().__init__(**kwargs)
+        self.threshold = threshold
+
+    def call(self, x):
+        def check(n):
+            if int(n) > self.threshold:
+                # py_function turns MemoryError into ResourceExhaustedError.
+                raise MemoryError(
+                    f"OOM when allocating tensor with shape[{int(n)},64]"
+                )
+            return np.float32(0)
+
+        zero = tf.py_function(check, [tf.shape(x)[0]], tf.float32)
+        return x + tf.reshape(zero, ())
+
+
+def layers(threshold=None, width=64):
+    inputs = keras.Input((32,))
+    h = keras.layers.Dense(width, activation="relu")(inputs)
+    if threshold is not None:
+        h = OOMAtRuntime(threshold)(h)
+    return inputs, keras.layers.Dense(1)(h)
+
+
+def data(n=64):
+    rng = np.random.default_rng(0)
+    return (
+        rng.normal(size=(n, 32)).astype("float32"),
+        rng.normal(size=(n, 1)).astype("float32"),
+    )
+
+
+def test_forced_oom_in_tfmemopt_model_fit_raises_the_report():
+    model = tfmemopt.Model(*layers(threshold=16))
+    model.compile("adam", "mse")
+    x, y = data()
+    with pytest.raises(OutOfMemoryError, match="Out of memory on CPU:0") as e:
+        model.fit(x, y, batch_size=64, verbose=0)
+    assert isinstance(e.value, tf.errors.ResourceExhaustedError)
+    report = e.value.report
+    assert report.batch_size == 64
+    assert "OOM when allocating tensor with shape[64,64]" in report.error
+    text = str(e.value)
+    assert "batch size: 64" in text
+    assert "device memory at failure" in text
+    assert "estimated need" in text and "activations kept" in text
+    assert report.estimate.settings["batch_size"] == 64
+    # The model is usable afterwards at a batch that fits.
+    history = model.fit(x, y, batch_size=16, verbose=0)
+    assert np.isfinite(history.history["loss"][0])
+
+
+def test_oom_report_around_keras_fit_plans_what_fits():
+    model = keras.Model(*layers(threshold=16, width=1024))
+    model.compile("adam", "mse")
+    x, y = data()
+    full = tfmemopt.estimate_memory(model, 64)
+    state = full.parameters + full.gradients + full.optimizer_state
+    budget = state + (full.total - state) // 2
+    with pytest.raises(OutOfMemoryError) as e:
+        with tfmemopt.oom_report(model, batch_size=64, memory_budget=budget):
+            model.fit(x, y, batch_size=64, verbose=0)
+    report = e.value.report
+    assert report.plan is not None, report.plan_error
+    plan = report.plan
+    assert plan.global_batch_size == 64
+    assert plan.micro_batch_size * plan.accumulation_steps == 64
+    assert plan.accumulation_steps > 1
+    assert plan.estimated_peak <= budget
+    assert "plan that would fit" in str(e.value)
+    assert "accumulation_steps=" in str(e.value)
+    assert e.value.__cause__ is not None  # raised from TensorFlow's error
+
+
+def test_without_a_model_the_report_says_what_to_pass():
+    with pytest.raises(OutOfMemoryError, match="pass `model` and `batch_size`"):
+        with tfmemopt.oom_report():
+            raise tf.errors.ResourceExhaustedError(None, None, "OOM here")
+
+
+def test_other_errors_pass_through_untouched():
+    with pytest.raises(ValueError, match="not memory"):
+        with tfmemopt.oom_report():
+            raise ValueError("not memory")
+
+
+def test_is_oom():
+    assert is_oom(tf.errors.ResourceExhaustedError(None, None, "x"))
+    assert is_oom(tf.errors.InternalError(None, None, "CUDA out of memory"))
+    assert not is_oom(tf.errors.InternalError(None, None, "bad kernel"))
+    assert not is_oom(tf.errors.InvalidArgumentError(None, None, "OOM?"))
+    assert not is_oom(MemoryError("host"))
+
+
+def test_fit_batch_size():
+    x = np.zeros((10, 2))
+    ds = tf.data.Dataset.from_tensor_slices((x, x)).batch(5)
+    assert fit_batch_size((x, x), {"batch_size": 8}) == 8
+    assert fit_batch_size((x, x, 4), {}) == 4
+    assert fit_batch_size((x, x), {}) == 32  # Keras's default
+    assert fit_batch_size((ds,), {}) is None  # last batch may be short
+    fixed = (
+        ds.batch(5, drop_remainder=True).unbatch().batch(5, drop_remainder=True)
+    )
+    assert fit_batch_size((fixed,), {}) == 5
+
+
+def test_the_error_pickles_with_its_report():
+    with pytest.raises(OutOfMemoryError) as e:
+        with tfmemopt.oom_report(batch_size=8):
+            raise tf.errors.ResourceExhaustedError(None, None, "OOM now")
+    again = pickle.loads(pickle.dumps(e.value))
+    assert again.report.batch_size == 8
+    assert "OOM now" in str(again)
