@@ -262,3 +262,19 @@ def test_bad_arguments():
     plain = keras.Sequential([keras.Input((32,)), keras.layers.Dense(1)])
     with pytest.raises(ValueError, match="call `model.compile"):
         tfmemopt.find_batch_size(plain, data())
+
+
+def test_cli_find_batch_size(tmp_path, capsys):
+    import json
+
+    from tfmemopt import cli
+
+    path = str(tmp_path / "m.keras")
+    wide_model(optimizer="sgd").save(path)
+    argv = ["find-batch-size", path, "--max-batch-size", "64"]
+    argv += ["--multiple-of", "32", "--steps", "1", "--target", "96"]
+    assert cli.main(argv + ["--margin", "0", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["batch_size"] == 64 and len(out["trials"]) == 2
+    assert out["suggest"] == {"micro_batch_size": 32, "accumulation_steps": 3}
+    assert cli.main(["find-batch-size", str(tmp_path / "no.keras")]) == 2

@@ -157,3 +157,25 @@ def test_bad_arguments(kwargs, match):
     args = {"memory_budget": "1GiB", **kwargs}
     with pytest.raises(ValueError, match=match):
         tfmemopt.plan(mlp(), 64, **args)
+
+
+def test_cli_plan(tmp_path, capsys):
+    from tfmemopt import cli
+
+    path = str(tmp_path / "m.keras")
+    mlp().save(path)
+    assert (
+        cli.main(["plan", path, "--batch-size", "64", "--memory", "1GiB"]) == 0
+    )
+    assert "global batch 64" in capsys.readouterr().out
+    code = cli.main(
+        ["plan", path, "--batch-size", "64", "--memory", "1KiB", "--json"]
+    )
+    assert code == 2
+    assert "cannot fit at any batch size" in capsys.readouterr().err
+    assert (
+        cli.main(
+            ["plan", "nope.keras", "--batch-size", "8", "--memory", "1GiB"]
+        )
+        == 2
+    )
