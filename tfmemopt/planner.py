@@ -50,6 +50,13 @@ class Plan:
         why: Str, why this combination was chosen.
         measured_peak: Int or `None`, bytes measured by `verify=True`.
         considered: List of dicts, every combination estimated.
+
+    Example:
+
+    >>> p = tfmemopt.plan(model, 256, "16GiB")  # doctest: +SKIP
+    >>> p.micro_batch_size * p.accumulation_steps * p.replicas  # doctest: +SKIP
+    256
+    >>> trainable = p.apply(model)  # doctest: +SKIP
     """
 
     global_batch_size: int
