@@ -114,7 +114,10 @@ def enabled(build, policy):
 
 
 def rows_for(cases, x, y, batch):
-    results = {name: measure(fn, x, y, batch) for name, fn in cases}
+    results = {}
+    for name, fn in cases:
+        results[name] = measure(fn, x, y, batch)
+        print(name, results[name], flush=True)
     base_peak, base_time = results[cases[0][0]]
     rows = []
     for name, _ in cases:
