@@ -43,8 +43,9 @@ class MemoryMonitor(keras.callbacks.Callback):
     `peak_mib` the highest reading during the epoch (validation included).
     On CPU, logical devices (`CPU:0`, `CPU:1`) share one allocator and
     report the same numbers, and oneDNN's allocator counts only allocations
-    of 256 KiB or more (smaller tensors do not show). Where a device keeps no statistics (CPU
-    without oneDNN), the monitor warns once and logs host memory only.
+    of 256 KiB or more (smaller tensors do not show). Where a device keeps
+    no statistics (CPU without oneDNN), the monitor warns once and logs host
+    memory only.
 
     Cost: after each logged batch, one allocator query per device (a few
     microseconds each), one `psutil` call, and one NVML call per GPU; and
