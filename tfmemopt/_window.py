@@ -55,7 +55,9 @@ class _Window:
         self.model = model
         self.x, self.y, self.sw = x, y, sample_weight
         self.plan = plan
-        self.variables = list(model.trainable_variables)
+        # Read after the first forward pass: a subclassed model creates its
+        # variables on its first call, inside this very trace.
+        self.variables = None
         self.replicas = ln.num_replicas()
         local = tf.cast(plan.batch_size, tf.float32)
         self.batch_global = ln.global_sum(local)
@@ -133,6 +135,14 @@ class _Window:
         optimizer = model.optimizer
         with tf.GradientTape(persistent=True) as tape:
             y_pred = _call(model, x)
+            if self.variables is None:
+                self.variables = list(model.trainable_variables)
+                if not self.variables:
+                    raise ValueError(
+                        "The model has no trainable weights: there is nothing "
+                        "to accumulate. Check `layer.trainable` on the "
+                        "model's layers."
+                    )
             static, dyn_num, dyn_norm, terms, generic = self._losses(
                 x, y, sw, y_pred, size
             )
@@ -419,9 +429,4 @@ class _Window:
 
 def run_window(model, x, y, sample_weight, plan):
     """Runs one accumulation window and applies one update."""
-    if not model.trainable_variables:
-        raise ValueError(
-            "The model has no trainable weights: there is nothing to "
-            "accumulate. Check `layer.trainable` on the model's layers."
-        )
     return _Window(model, x, y, sample_weight, plan).run()
