@@ -141,7 +141,23 @@ def input_specs(model, batch_size: int):
     return specs
 
 
-def _loss_and_target_specs(model, batch_size):
+def _output_shapes(model, in_specs):
+    try:
+        outputs = model.outputs
+    except (AttributeError, ValueError):
+        outputs = None
+    if outputs:
+        return [tuple(o.shape[1:]) for o in outputs]
+    # Subclassed model: trace the forward pass once to learn its outputs.
+    forward = tf.function(
+        lambda x: model(x[0] if len(x) == 1 else x, training=False)
+    ).get_concrete_function(in_specs)
+    return [
+        tuple(t.shape[1:]) for t in tf.nest.flatten(forward.structured_outputs)
+    ]
+
+
+def _loss_and_target_specs(model, batch_size, in_specs):
     loss = getattr(model, "loss", None)
     try:
         loss_fn = keras.losses.get(loss) if loss is not None else None
@@ -152,8 +168,8 @@ def _loss_and_target_specs(model, batch_size):
     name = getattr(loss_fn, "name", None) or getattr(loss_fn, "__name__", "")
     sparse = "sparse" in str(name).lower()
     specs = []
-    for out in model.outputs:
-        shape = (batch_size,) + tuple(out.shape[1:])
+    for out_shape in _output_shapes(model, in_specs):
+        shape = (batch_size,) + out_shape
         if sparse:
             specs.append(tf.TensorSpec(shape[:-1], "int32"))
         else:
@@ -175,7 +191,7 @@ def trace_step(
             dtype policy; weight gradients and the loss keep their dtype.
     """
     in_specs = input_specs(model, batch_size)
-    loss_fn, y_specs = _loss_and_target_specs(model, batch_size)
+    loss_fn, y_specs = _loss_and_target_specs(model, batch_size, in_specs)
     mark = {}
 
     def step(x, y):

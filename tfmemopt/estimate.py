@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import warnings
 
 import keras
 
+from tfmemopt._activation_rules import checkpointed_activations
+from tfmemopt._activation_rules import unknown_layers
 from tfmemopt._optimizer_state import _itemsize
 from tfmemopt._optimizer_state import optimizer_state_bytes
 from tfmemopt._optimizer_state import resolve_optimizer
@@ -39,7 +40,6 @@ _LABELS = {
     "activations": "activations kept for backward",
     "temporaries": "backward temporaries",
 }
-_RNN_FACTORS = {"LSTM": 12, "GRU": 9, "SimpleRNN": 3}
 
 
 def _units(n: float) -> str:
@@ -168,82 +168,6 @@ def _check_checkpointing(checkpointing):
     )
 
 
-def _segments(units, every):
-    return [units[i : i + every] for i in range(0, len(units), every)]
-
-
-def _checkpointed(step, policy):
-    """(activations kept with checkpointing, number of segments, depth)."""
-    depth = 1
-    units, saved, outputs = step.segments[1]
-    # A single nested model (keras.applications inside a functional model)
-    # is segmented one level down.
-    total = sum(saved.values()) or 1
-    if len(units) < 4 or max(saved.values(), default=0) > 0.9 * total:
-        deeper = step.segments[2]
-        if len(deeper[0]) > len(units):
-            units, saved, outputs = deeper
-            depth = 2
-    if not units:
-        return step.saved, 0, depth
-    if policy == "auto":
-        every = max(1, round(math.sqrt(len(units))))
-    elif policy == "blocks":
-        every = 1
-    else:
-        every = int(policy)
-    segs = _segments(units, every)
-    inside = sum(saved.values())
-    outside = step.saved - inside
-    boundaries = sum(outputs[seg[-1]] for seg in segs[:-1])
-    largest = max(sum(saved[u] for u in seg) for seg in segs)
-    kept = outside + boundaries + largest
-    return min(kept, step.saved), len(segs), depth
-
-
-def _unknown_layers(model, step, itemsize, batch):
-    """Bytes for layers whose kept tensors have no static size (while loops).
-
-    Recurrent layers are counted by rule (per time step: the cell's gates
-    and states); anything else from its output size, with a warning.
-    """
-    extra, notes = 0, []
-    by_name = {}
-    flatten = getattr(model, "_flatten_layers", None)
-    for layer in flatten(include_self=False, recursive=True) if flatten else []:
-        by_name.setdefault(layer.name, layer)
-    seen = set()
-    for label in step.unknown:
-        name = label.split("/")[0]
-        layer = by_name.get(name)
-        if layer is None or name in seen:
-            continue
-        seen.add(name)
-        kind = type(layer).__name__
-        try:
-            out_shape = tuple(layer.output.shape)
-            in_shape = tuple(layer.input.shape)
-        except (AttributeError, ValueError):
-            out_shape = in_shape = None
-        if kind in _RNN_FACTORS and in_shape and len(in_shape) == 3:
-            steps, features = in_shape[1], in_shape[2]
-            units = getattr(layer, "units", None) or layer.cell.units
-            per_step = _RNN_FACTORS[kind] * units + features
-            n = batch * steps * per_step * itemsize
-            notes.append(f"{name} ({kind}): {steps} time steps counted by rule")
-        else:
-            size = math.prod(out_shape[1:]) if out_shape else 0
-            n = batch * size * itemsize
-            message = (
-                f"Layer {name!r} ({kind}) keeps tensors of unknown size for "
-                "its backward pass; estimated from its output size only."
-            )
-            warnings.warn(message, stacklevel=3)
-            notes.append(message)
-        extra += n
-    return extra, notes
-
-
 def estimate_memory(
     model: keras.Model,
     batch_size: int,
@@ -324,6 +248,12 @@ def estimate_memory(
             return n * variable
         return n * _itemsize(v.dtype)
 
+    # Trace first: a subclassed model may create its weights on first call.
+    step = trace_step(
+        model,
+        micro,
+        activation_itemsize=compute if compute != model_compute else None,
+    )
     trainable = model.trainable_weights
     params = sum(weight_bytes(v) for v in model.weights)
     grads = sum(weight_bytes(v) for v in trainable)
@@ -338,14 +268,9 @@ def estimate_memory(
     ]
     opt_bytes, opt_how = optimizer_state_bytes(opt, shapes)
 
-    step = trace_step(
-        model,
-        micro,
-        activation_itemsize=compute if compute != model_compute else None,
-    )
     notes = [f"optimizer: {opt_how} ({opt_source})"]
     activations = step.saved
-    unknown_bytes, unknown_notes = _unknown_layers(model, step, compute, micro)
+    unknown_bytes, unknown_notes = unknown_layers(model, step, compute, micro)
     notes += unknown_notes
     if compute < variable:
         # The 16-bit copies of the weights read by the backward pass.
@@ -361,7 +286,7 @@ def estimate_memory(
         )
     temporaries = max(0, step.peak - step.saved - step.gradients - step.inputs)
     if ckpt is not None:
-        kept, n_segments, _ = _checkpointed(step, ckpt)
+        kept, n_segments, _ = checkpointed_activations(step, ckpt)
         notes.append(
             f"checkpointing {ckpt!r}: {n_segments} segments; boundaries "
             "plus the largest segment (recomputed) kept"

@@ -1,0 +1,314 @@
+"""How close `tfmemopt.estimate_memory` is to the measured peak of a step.
+
+For each model, in a fresh process: the CPU allocator's usage is read before
+the model is built, the model is built and compiled (Adam, MSE or sparse
+cross-entropy), one warm-up step runs, then the peak of 3 more
+`train_on_batch` steps above that starting usage is measured
+(`TF_ENABLE_ONEDNN_OPTS=1`, oneDNN's allocator keeps statistics) and the
+median is compared with the estimate's total. Variants at the middle batch
+size: `tfmemopt.Model(accumulation_steps=4)`,
+`tfmemopt.enable_checkpointing(model, "auto")`, and the model built under
+`mixed_bfloat16` (estimated from the float32 model with `policy=`).
+
+Run: `.venv/bin/python benchmarks/estimator_accuracy.py [--quick]`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+os.environ["TF_ENABLE_ONEDNN_OPTS"] = "1"
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+MIB = 2**20
+
+# name -> batch sizes (the middle one gets the variants)
+MODELS = {
+    "mlp": (256, 2048, 8192),
+    "mlp_dropout": (256, 1024, 4096),
+    "cnn": (32, 128, 512),
+    "mobilenetv2_64": (8, 32, 64),
+    "resnet50_64": (4, 16, 32),
+    "transformer": (4, 16, 32),
+    "lstm": (32, 128, 512),
+    "embedding": (64, 512, 2048),
+}
+VARIANTS = ("base", "accumulation=4", "checkpointing=auto", "mixed_bfloat16")
+
+
+def build(name):
+    """(inputs, outputs, sparse labels?, number of classes) for `name`."""
+    import keras
+    from keras import layers
+
+    if name == "mlp":
+        x = inp = keras.Input((512,))
+        for _ in range(8):
+            x = layers.Dense(512, activation="relu")(x)
+        return inp, layers.Dense(10)(x), False
+    if name == "mlp_dropout":
+        x = inp = keras.Input((256,))
+        for _ in range(6):
+            x = layers.Dense(1024, activation="gelu")(x)
+            x = layers.Dropout(0.2)(x)
+        return inp, layers.Dense(10)(x), False
+    if name == "cnn":
+        x = inp = keras.Input((32, 32, 3))
+        for filters in (32, 64, 128):
+            x = layers.Conv2D(filters, 3, padding="same")(x)
+            x = layers.BatchNormalization()(x)
+            x = layers.Activation("relu")(x)
+            x = layers.MaxPooling2D()(x)
+        x = layers.Flatten()(x)
+        x = layers.Dropout(0.3)(x)
+        return inp, layers.Dense(10)(x), True
+    if name.startswith("mobilenetv2"):
+        app = keras.applications.MobileNetV2(
+            weights=None, input_shape=(64, 64, 3), classes=10
+        )
+        return app.inputs[0], app.outputs[0], True
+    if name.startswith("resnet50"):
+        app = keras.applications.ResNet50(
+            weights=None, input_shape=(64, 64, 3), classes=10
+        )
+        return app.inputs[0], app.outputs[0], True
+    if name == "transformer":
+        x = inp = keras.Input((128, 128))
+        for _ in range(3):
+            h = layers.LayerNormalization()(x)
+            h = layers.MultiHeadAttention(4, 32, dropout=0.1)(h, h)
+            x = layers.Add()([x, h])
+            h = layers.LayerNormalization()(x)
+            h = layers.Dense(512, activation="gelu")(h)
+            h = layers.Dense(128)(h)
+            x = layers.Add()([x, h])
+        x = layers.GlobalAveragePooling1D()(x)
+        return inp, layers.Dense(10)(x), True
+    if name == "lstm":
+        inp = keras.Input((64, 32))
+        x = layers.LSTM(128)(inp)
+        return inp, layers.Dense(10)(x), True
+    if name == "embedding":
+        inp = keras.Input((64,), dtype="int32")
+        x = layers.Embedding(20000, 128)(inp)
+        x = layers.Dense(256, activation="relu")(x)
+        x = layers.GlobalAveragePooling1D()(x)
+        return inp, layers.Dense(10)(x), True
+    raise ValueError(name)
+
+
+def run_model(name, quick):
+    """Child process: measure and estimate every case of one model."""
+    import keras
+    import numpy as np
+
+    import tfmemopt
+    from tfmemopt.memory import device_memory
+    from tfmemopt.memory import reset_peak
+
+    batches = MODELS[name]
+    cases = [("base", b) for b in batches]
+    if not quick:
+        cases += [(v, batches[1]) for v in VARIANTS[1:]]
+    rows = []
+    for variant, batch in cases:
+        keras.backend.clear_session()
+        keras.config.set_dtype_policy("float32")
+        keras.utils.set_random_seed(0)
+        base = device_memory()["current"]
+        if variant == "mixed_bfloat16":
+            keras.config.set_dtype_policy("mixed_bfloat16")
+        inp, out, sparse = build(name)
+        keras.config.set_dtype_policy("float32")
+        kwargs = {}
+        if variant == "accumulation=4":
+            kwargs["accumulation_steps"] = 4
+        model = tfmemopt.Model(inp, out, **kwargs)
+        error = ""
+        if variant == "checkpointing=auto":
+            try:
+                tfmemopt.enable_checkpointing(model, "auto")
+            except Exception as e:  # report, do not stop the benchmark
+                error = f"enable_checkpointing failed: {type(e).__name__}"
+        loss = (
+            keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+            if sparse
+            else "mse"
+        )
+        model.compile(optimizer="adam", loss=loss)
+        shape = (batch,) + tuple(inp.shape[1:])
+        rng = np.random.default_rng(0)
+        if inp.dtype == "int32":
+            x = rng.integers(0, 20000, size=shape).astype("int32")
+        else:
+            x = rng.random(shape, dtype="float32")
+        if sparse:
+            y = rng.integers(0, 10, size=(batch,)).astype("int32")
+        else:
+            y = rng.random((batch, 10), dtype="float32")
+        peaks = []
+        try:
+            model.train_on_batch(x, y)
+            for _ in range(3):
+                reset_peak()
+                model.train_on_batch(x, y)
+                peaks.append(device_memory()["peak"] - base)
+        except Exception as e:
+            error = error or f"training failed: {type(e).__name__}"
+        # Estimate from a plain float32 copy: the settings are the arguments.
+        keras.utils.set_random_seed(0)
+        inp2, out2, _ = build(name)
+        plain = keras.Model(inp2, out2)
+        plain.compile(optimizer="adam", loss=loss)
+        settings = {
+            "accumulation=4": {"accumulation_steps": 4},
+            "checkpointing=auto": {"checkpointing": "auto"},
+            "mixed_bfloat16": {"policy": "mixed_bfloat16"},
+        }.get(variant, {})
+        t0 = time.perf_counter()
+        est = tfmemopt.estimate_memory(plain, batch, **settings)
+        seconds = time.perf_counter() - t0
+        rows.append(
+            {
+                "model": name,
+                "variant": variant,
+                "batch": batch,
+                "measured": statistics.median(peaks) if peaks else None,
+                "peaks": peaks,
+                "estimate": est.total,
+                "breakdown": est.to_dict(),
+                "estimate_s": seconds,
+                "error": error,
+            }
+        )
+        del model, plain
+    return rows
+
+
+def main():
+    quick = "--quick" in sys.argv
+    only = [a for a in sys.argv[1:] if not a.startswith("--")]
+    names = only or list(MODELS)
+    rows = []
+    for name in names:
+        t0 = time.time()
+        proc = subprocess.run(
+            [sys.executable, __file__, "--child", name]
+            + (["--quick"] if quick else []),
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+        )
+        lines = [
+            line for line in proc.stdout.splitlines() if line.startswith("@@")
+        ]
+        if not lines:
+            print(proc.stderr[-3000:])
+            continue
+        got = json.loads(lines[-1][2:])
+        rows += got
+        for r in got:
+            m = r["measured"]
+            err = (r["estimate"] - m) / m if m else float("nan")
+            print(
+                f"{name:15s} {r['variant']:20s} B={r['batch']:5d} "
+                f"measured={(m or 0) / MIB:8.1f} MiB "
+                f"estimate={r['estimate'] / MIB:8.1f} MiB "
+                f"error={err:+.0%} {r['error']}",
+                flush=True,
+            )
+        print(f"  ({time.time() - t0:.0f} s)", flush=True)
+    # Rows of models run earlier are kept, so that models can be run one at
+    # a time on a loaded machine; the table is written once all are there.
+    path = os.path.join(HERE, "estimator_accuracy.json")
+    if only and os.path.exists(path):
+        with open(path) as f:
+            kept = [r for r in json.load(f) if r["model"] not in names]
+        rows = kept + rows
+    with open(path, "w") as f:
+        json.dump(rows, f, indent=1)
+    if quick or {r["model"] for r in rows} != set(MODELS):
+        return
+    rows.sort(key=lambda r: list(MODELS).index(r["model"]))
+    write_table(rows)
+
+
+def write_table(rows):
+    sys.path.insert(0, HERE)
+    from _report import table
+    from _report import write_section
+
+    body, errors = [], []
+    for r in rows:
+        m = r["measured"]
+        if not m:
+            body.append(
+                [
+                    r["model"],
+                    r["variant"],
+                    r["batch"],
+                    "-",
+                    "-",
+                    "-",
+                    r["error"],
+                ]
+            )
+            continue
+        err = (r["estimate"] - m) / m
+        errors.append(abs(err))
+        spread = (max(r["peaks"]) - min(r["peaks"])) / m
+        body.append(
+            [
+                r["model"],
+                r["variant"],
+                r["batch"],
+                f"{m / MIB:.1f}",
+                f"{r['estimate'] / MIB:.1f}",
+                f"{err:+.1%}",
+                f"{spread:.0%}" + (f" {r['error']}" if r["error"] else ""),
+            ]
+        )
+    summary = (
+        f"{len(errors)} cases; median absolute error "
+        f"{statistics.median(errors):.1%}, worst {max(errors):.1%}; "
+        f"{sum(e <= 0.15 for e in errors)} within 15%, "
+        f"{sum(e <= 0.35 for e in errors)} within 35%."
+    )
+    text = (
+        "Estimated total against the measured peak of one training step "
+        "(CPU allocator via oneDNN, median of 3 steps after a warm-up, above "
+        "the usage before the model was built; Adam). `spread` is the range "
+        "of the 3 peaks. Variants at the middle batch size. Measured on a "
+        "shared machine under load.\n\n"
+        + summary
+        + "\n\n"
+        + table(
+            [
+                "model",
+                "variant",
+                "batch",
+                "measured MiB",
+                "estimate MiB",
+                "error",
+                "spread",
+            ],
+            body,
+        )
+    )
+    write_section("estimator_accuracy", text)
+
+
+if __name__ == "__main__":
+    if "--child" in sys.argv:
+        i = sys.argv.index("--child")
+        result = run_model(sys.argv[i + 1], "--quick" in sys.argv)
+        print("@@" + json.dumps(result))
+    else:
+        main()

@@ -1,0 +1,149 @@
+"""The `tfmemopt` command: through its console script, and in-process."""
+
+import json
+import os
+import subprocess
+import sys
+
+import keras
+import pytest
+
+from tfmemopt import cli
+from tfmemopt import estimate_memory
+
+SCRIPT = os.path.join(os.path.dirname(sys.executable), "tfmemopt")
+
+
+def _run(*args):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TF_ENABLE_ONEDNN_OPTS="1")
+    return subprocess.run(
+        [SCRIPT, *args], capture_output=True, text=True, timeout=300, env=env
+    )
+
+
+def _saved_model(tmp_path):
+    inp = keras.Input((32,))
+    h = keras.layers.Dense(16, activation="relu")(inp)
+    model = keras.Model(inp, keras.layers.Dense(1)(h))
+    model.compile(optimizer="sgd", loss="mse")
+    path = str(tmp_path / "m.keras")
+    model.save(path)
+    return model, path
+
+
+@pytest.mark.skipif(not os.path.exists(SCRIPT), reason="console script")
+def test_estimate_through_the_entry_point_prints_json(tmp_path):
+    model, path = _saved_model(tmp_path)
+    proc = _run(
+        "estimate", path, "--batch-size", "64", "--optimizer", "adam", "--json"
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout)
+    expected = estimate_memory(model, 64, optimizer="adam").to_dict()
+    assert got["parameters"] == (32 * 16 + 16 + 16 + 1) * 4
+    assert got["optimizer_state"] == 2 * got["parameters"]
+    assert got["total"] == expected["total"]
+    assert got["settings"]["optimizer"] == "Adam"
+
+
+@pytest.mark.skipif(not os.path.exists(SCRIPT), reason="console script")
+def test_missing_file_through_the_entry_point(tmp_path):
+    missing = str(tmp_path / "nope.keras")
+    proc = _run("estimate", missing, "--batch-size", "8")
+    assert proc.returncode == 2
+    assert "no such file" in proc.stderr and "nope.keras" in proc.stderr
+    assert "model.save" in proc.stderr
+
+
+def test_doctor_reports_versions_devices_and_policy(capsys):
+    assert cli.main(["doctor", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    import tensorflow as tf
+
+    assert report["tensorflow"] == tf.__version__
+    assert report["keras"] == keras.__version__
+    cpu = [d for d in report["devices"] if d["device"] == "CPU:0"]
+    # conftest sets TF_ENABLE_ONEDNN_OPTS=1 before TensorFlow is imported.
+    assert cpu and cpu[0]["stats"] is True
+    assert report["auto_policy"]["policy"] in (
+        "float32",
+        "mixed_float16",
+        "mixed_bfloat16",
+    )
+    assert cli.main(["doctor"]) == 0
+    assert "configure('auto') would choose" in capsys.readouterr().out
+
+
+def test_estimate_table_and_settings_in_process(tmp_path, capsys):
+    model, path = _saved_model(tmp_path)
+    rc = cli.main(
+        [
+            "estimate",
+            path,
+            "--batch-size",
+            "32",
+            "--policy",
+            "mixed_bfloat16",
+            "--accumulation-steps",
+            "2",
+            "--checkpointing",
+            "auto",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "total" in out and "optimizer state" in out
+    assert "policy=mixed_bfloat16" in out and "accumulation_steps=2" in out
+    # The compiled optimizer was saved with the model and is used.
+    assert "optimizer=SGD" in out
+
+
+def test_bad_policy_is_reported_not_raised(tmp_path, capsys):
+    _, path = _saved_model(tmp_path)
+    rc = cli.main(["estimate", path, "--batch-size", "8", "--policy", "fp8"])
+    assert rc == 2
+    assert "Unknown dtype policy 'fp8'" in capsys.readouterr().err
+
+
+def test_doctor_text_says_how_to_get_cpu_statistics():
+    report = {
+        "tensorflow": "2.x",
+        "keras": "3.x",
+        "python": "3.11",
+        "TF_ENABLE_ONEDNN_OPTS": None,
+        "devices": [{"device": "CPU:0", "stats": False, "why": "x"}],
+        "missing": {"nvidia-ml-py": cli._INSTALL["nvidia-ml-py"]},
+        "auto_policy": None,
+    }
+    text = cli._doctor_text(report)
+    assert "TF_ENABLE_ONEDNN_OPTS=1" in text
+    assert "pip install nvidia-ml-py" in text
+    assert "mixed_precision not found" in text
+
+
+@pytest.mark.parametrize("command", [[], ["estimate"], ["doctor"]])
+def test_help_on_every_subcommand(command, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(command + ["--help"])
+    assert e.value.code == 0
+    assert "usage: tfmemopt" in capsys.readouterr().out
+
+
+def test_subcommand_table_takes_new_commands(capsys):
+    @cli.subcommand(
+        "echo-test", "Echo for the test.", lambda p: p.add_argument("word")
+    )
+    def _echo(args):
+        print(args.word)
+        return 0
+
+    try:
+        assert cli.main(["echo-test", "hi"]) == 0
+        assert capsys.readouterr().out.strip() == "hi"
+    finally:
+        del cli.COMMANDS["echo-test"]
+
+
+def test_no_command_prints_help_and_fails(capsys):
+    assert cli.main([]) == 2
+    assert "estimate" in capsys.readouterr().out

@@ -1,0 +1,346 @@
+"""tfmemopt.estimate_memory: hand-counted bytes, modelled settings, errors."""
+
+import json
+import math
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import run_in_subprocess
+
+import tfmemopt
+from tfmemopt import MemoryEstimate
+from tfmemopt import estimate_memory
+
+F32 = 4
+
+
+def _mlp(width=16, depth=3, features=32):
+    x = inp = keras.Input((features,))
+    for _ in range(depth):
+        x = keras.layers.Dense(width, activation="relu")(x)
+    return keras.Model(inp, keras.layers.Dense(1)(x))
+
+
+# (32*16+16) + 2 * (16*16+16) + (16*1+1) weights of the default `_mlp()`.
+MLP_WEIGHTS = 528 + 2 * 272 + 17
+MLP_KERNELS = [(32, 16), (16,), (16, 16), (16,), (16, 16), (16,), (16, 1), (1,)]
+
+
+def _adafactor_by_hand():
+    total = 0
+    for shape in MLP_KERNELS:
+        full = math.prod(shape)
+        if len(shape) < 2:
+            total += full + 2  # velocity and two scalar placeholders
+        else:
+            total += full + shape[0] + shape[1]  # velocity, rows, columns
+    return total * F32
+
+
+@pytest.mark.parametrize(
+    "optimizer, slots",
+    [
+        ("sgd", 0),
+        (keras.optimizers.SGD(momentum=0.9), 1),
+        ("adam", 2),
+        (keras.optimizers.Adam(amsgrad=True), 3),
+        ("adamw", 2),
+        ("lion", 1),
+        ("rmsprop", 1),
+        (keras.optimizers.RMSprop(momentum=0.9, centered=True), 3),
+        ("adagrad", 1),
+        ("adadelta", 2),
+        ("nadam", 2),
+        (keras.optimizers.Adam(use_ema=True), 3),
+    ],
+)
+def test_parameter_gradient_and_optimizer_bytes_by_hand(optimizer, slots):
+    est = estimate_memory(_mlp(), batch_size=8, optimizer=optimizer)
+    assert est.parameters == MLP_WEIGHTS * F32
+    assert est.gradients == MLP_WEIGHTS * F32
+    assert est.optimizer_state == slots * MLP_WEIGHTS * F32
+
+
+def test_adafactor_is_factored_by_hand():
+    est = estimate_memory(_mlp(), batch_size=8, optimizer="adafactor")
+    assert est.optimizer_state == _adafactor_by_hand()
+
+
+def _real_state_bytes(optimizer, model):
+    optimizer.build(model.trainable_variables)
+    scalars = {id(optimizer.iterations)}
+    lr = getattr(optimizer, "_learning_rate", None)
+    if isinstance(lr, keras.Variable):
+        scalars.add(id(lr))
+    return sum(
+        math.prod(v.shape) * np.dtype(v.dtype).itemsize
+        for v in optimizer.variables
+        if id(v) not in scalars
+    )
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        keras.optimizers.Adam,
+        keras.optimizers.Adafactor,
+        keras.optimizers.Lamb,
+        keras.optimizers.Ftrl,
+        lambda: keras.optimizers.SGD(momentum=0.5, use_ema=True),
+    ],
+)
+def test_optimizer_state_matches_the_built_keras_optimizer(make):
+    model = _mlp()
+    est = estimate_memory(model, batch_size=8, optimizer=make())
+    real = _real_state_bytes(make(), model)
+    # Adafactor's placeholders and Nadam-style scalars: a few bytes at most.
+    assert abs(est.optimizer_state - real) <= 16
+
+
+def test_unknown_optimizer_class_is_probed():
+    class Twice(keras.optimizers.Optimizer):
+        def build(self, var_list):
+            super().build(var_list)
+            self.a = self.add_optimizer_variables(var_list, "a")
+            self.b = self.add_optimizer_variables(var_list, "b")
+
+        def update_step(self, gradient, variable, learning_rate):
+            variable.assign_sub(gradient * learning_rate)
+
+    est = estimate_memory(_mlp(), 8, optimizer=Twice(learning_rate=0.1))
+    assert est.optimizer_state == 2 * MLP_WEIGHTS * F32
+    assert any("probed" in n for n in est.notes)
+
+
+def test_loss_scale_optimizer_counts_the_inner_slots():
+    opt = keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam())
+    est = estimate_memory(_mlp(), 8, optimizer=opt)
+    assert 2 * MLP_WEIGHTS * F32 <= est.optimizer_state
+    assert est.optimizer_state <= 2 * MLP_WEIGHTS * F32 + 64
+
+
+def test_activation_bytes_of_a_dense_stack_by_hand():
+    batch = 64
+    est = estimate_memory(_mlp(width=16, depth=3), batch, optimizer="sgd")
+    per_layer = dict(est.layers)
+    # Each hidden Dense keeps its ReLU output (read by ReluGrad and by the
+    # next MatMul's kernel gradient): batch x 16 float32.
+    hidden = [n for n in per_layer if n.startswith("dense")]
+    assert sorted(per_layer[n] for n in hidden)[-3:] == [batch * 16 * F32] * 3
+    # The input batch (x and y) is counted once, as inputs.
+    assert est.inputs == batch * 32 * F32 + batch * 1 * F32
+    # Activations: 3 hidden outputs + the loss's residual (batch x 1) + a
+    # few scalars.
+    expected = 3 * batch * 16 * F32 + batch * F32
+    assert expected <= est.activations <= expected + 64
+
+
+def test_activations_scale_with_batch_and_totals_add_up():
+    model = _mlp(width=64, depth=4)
+    small = estimate_memory(model, 128, optimizer="adam")
+    large = estimate_memory(model, 512, optimizer="adam")
+    assert large.activations == pytest.approx(4 * small.activations, rel=0.02)
+    assert large.parameters == small.parameters
+    d = large.to_dict()
+    assert d["total"] == sum(
+        d[k]
+        for k in (
+            "parameters",
+            "gradients",
+            "optimizer_state",
+            "accumulation",
+            "inputs",
+            "activations",
+            "temporaries",
+        )
+    )
+    assert json.loads(json.dumps(d)) == d
+    assert isinstance(large, MemoryEstimate)
+    assert (
+        "total" in large.table() and "MiB" in str(large) or "KiB" in str(large)
+    )
+
+
+def test_mixed_bfloat16_halves_activations_not_state():
+    model = _mlp(width=256, depth=4)
+    f32 = estimate_memory(model, 256, optimizer="adam")
+    bf16 = estimate_memory(
+        model, 256, optimizer="adam", policy="mixed_bfloat16"
+    )
+    assert bf16.parameters == f32.parameters
+    assert bf16.gradients == f32.gradients
+    assert bf16.optimizer_state == f32.optimizer_state
+    # Hidden activations at 2 bytes, plus 2-byte copies of the weights.
+    casts = sum(math.prod(v.shape) for v in model.trainable_weights) * 2
+    assert bf16.activations - casts == pytest.approx(
+        f32.activations / 2, rel=0.05
+    )
+
+
+def test_mixed_policy_analytic_matches_a_model_built_mixed():
+    f32 = estimate_memory(
+        _mlp(width=256, depth=4), 256, policy="mixed_bfloat16"
+    )
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    built_mixed = _mlp(width=256, depth=4)
+    keras.config.set_dtype_policy("float32")
+    real = estimate_memory(built_mixed, 256)
+    assert f32.total == pytest.approx(real.total, rel=0.1)
+
+
+def test_accumulation_keeps_one_micro_batch_plus_float32_buffers():
+    model = _mlp(width=128, depth=4)
+    full = estimate_memory(model, 512)
+    acc = estimate_memory(model, 512, accumulation_steps=4)
+    micro = estimate_memory(model, 128)
+    assert acc.activations == micro.activations
+    assert acc.accumulation == acc.gradients  # float32 model
+    assert acc.activations == pytest.approx(full.activations / 4, rel=0.02)
+    # The whole batch is an input, plus the micro-batch being processed.
+    assert acc.inputs == full.inputs + micro.inputs
+
+
+def test_checkpointing_keeps_boundaries_plus_largest_segment():
+    model = _mlp(width=256, depth=16)
+    plain = estimate_memory(model, 256)
+    auto = estimate_memory(model, 256, checkpointing="auto")
+    blocks = estimate_memory(model, 256, checkpointing="blocks")
+    per_layer = 256 * 256 * F32
+    # 17 Dense layers, 4 per segment -> 5 segments: 4 boundaries + the
+    # largest segment (4 layers) instead of 16 hidden outputs.
+    assert plain.activations - auto.activations == pytest.approx(
+        (16 - 4 - 4) * per_layer, rel=0.05
+    )
+    assert auto.activations < 0.6 * plain.activations
+    # One layer per segment keeps every boundary: it saves nothing (the
+    # measured trap in PITFALLS.md), and the estimate says so.
+    assert blocks.activations == pytest.approx(plain.activations, rel=0.01)
+    assert any("checkpointing" in n for n in auto.notes)
+
+
+def test_replicas_split_the_global_batch():
+    model = _mlp(width=64, depth=3)
+    one = estimate_memory(model, 256, replicas=1)
+    per = estimate_memory(model, 128, replicas=1)
+    two = estimate_memory(model, 256, replicas=2)
+    assert two.activations == per.activations
+    assert two.parameters == one.parameters
+    assert two.optimizer_state == one.optimizer_state
+
+
+def test_lstm_is_counted_by_rule_without_warning():
+    inp = keras.Input((20, 8))
+    model = keras.Model(inp, keras.layers.Dense(1)(keras.layers.LSTM(16)(inp)))
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        est = estimate_memory(model, 32)
+    # At least the hidden states of every time step are kept.
+    assert est.activations >= 20 * 32 * 16 * F32
+    assert any("lstm" in n and "time steps" in n for n in est.notes)
+
+
+class _LoopLayer(keras.layers.Layer):
+    """Keeps its per-step tensors in a while loop: sizes the graph hides."""
+
+    def call(self, x):
+        def body(i, acc):
+            return i + 1, tf.tanh(acc * 1.01)
+
+        _, out = tf.while_loop(lambda i, a: i < 5, body, (0, x))
+        return out
+
+
+def test_unknown_layer_is_named_in_a_warning_and_still_counted():
+    inp = keras.Input((64,))
+    h = keras.layers.Dense(64)(inp)
+    h = _LoopLayer(name="mystery_loop")(h)
+    model = keras.Model(inp, keras.layers.Dense(1)(h))
+    with pytest.warns(UserWarning, match="mystery_loop"):
+        est = estimate_memory(model, 32)
+    assert any("mystery_loop" in n for n in est.notes)
+    assert est.activations >= 32 * 64 * F32
+
+
+def test_subclassed_model_built_with_build():
+    class Net(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.d1 = keras.layers.Dense(16, activation="relu")
+            self.d2 = keras.layers.Dense(1)
+
+        def call(self, x):
+            return self.d2(self.d1(x))
+
+    net = Net()
+    net.build((None, 32))
+    est = estimate_memory(net, 8, optimizer="sgd")
+    assert est.parameters == (32 * 16 + 16 + 16 + 1) * F32
+
+
+def test_unbuilt_model_is_refused_with_a_fix():
+    model = keras.Sequential([keras.layers.Dense(4)])
+    with pytest.raises(ValueError, match="not built.*model.build"):
+        estimate_memory(model, 8)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"batch_size": 0}, "batch_size` must be an integer >= 1.*=0"),
+        ({"batch_size": 2.5}, "batch_size` must be an integer"),
+        ({"accumulation_steps": 0}, "accumulation_steps` must be"),
+        ({"replicas": -1}, "replicas` must be"),
+        ({"optimizer": "adamm"}, "Unknown optimizer 'adamm'.*optimizer='adam'"),
+        ({"optimizer": 3}, "`optimizer` must be None, a string"),
+        ({"policy": "mixed_int8"}, "Unknown dtype policy.*mixed_bfloat16"),
+        ({"checkpointing": "sometimes"}, "Unknown checkpointing.*'auto'"),
+    ],
+)
+def test_bad_input_is_refused_clearly(kwargs, match):
+    args = {"batch_size": 8, **kwargs}
+    with pytest.raises((ValueError, TypeError), match=match):
+        estimate_memory(_mlp(), **args)
+
+
+def test_not_a_model_is_a_type_error():
+    with pytest.raises(TypeError, match="must be a `keras.Model`"):
+        estimate_memory(keras.layers.Dense(3), 8)
+
+
+def test_exposed_and_documented():
+    assert tfmemopt.estimate_memory is estimate_memory
+    assert "estimate_memory" in tfmemopt.__all__
+    assert "MemoryEstimate" in tfmemopt.__all__
+    for obj in (estimate_memory, MemoryEstimate):
+        assert (
+            obj.__doc__
+            and "Example" in obj.__doc__
+            or "Attributes" in (obj.__doc__)
+        )
+
+
+@pytest.mark.slow
+def test_estimate_tracks_the_measured_peak():
+    """A few benchmark cases, loose bound: the estimator cannot drift."""
+    rows = run_in_subprocess(
+        """
+        import sys
+        sys.path.insert(0, "benchmarks")
+        import estimator_accuracy as bench
+        bench.MODELS["mlp"] = (512, 4096)
+        bench.MODELS["cnn"] = (64,)
+        rows = bench.run_model("mlp", quick=True)
+        rows += bench.run_model("cnn", quick=True)
+        emit([[r["model"], r["batch"], r["measured"], r["estimate"]]
+              for r in rows])
+        """,
+        n_cpus=1,
+    )
+    assert len(rows) == 3
+    for name, batch, measured, estimate in rows:
+        assert measured > 0
+        assert abs(estimate - measured) / measured <= 0.35, (name, batch)
