@@ -234,6 +234,9 @@ def test_policy_is_read_from_the_model_or_forced():
     assert ("conv", "filters", 100, 104) in _rows(forced)
     mixed = check_alignment(_misaligned("mixed_float16"), hardware="v100")
     assert _rows(mixed) == _rows(forced)
+    # A float32 model stays float32 whatever the global policy says.
+    keras.config.set_dtype_policy("mixed_float16")
+    assert check_alignment(model, hardware="v100") == []
 
 
 def test_hardware_object_with_several_gpus_checks_per_device_batch():

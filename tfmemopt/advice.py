@@ -188,6 +188,8 @@ def _compute_dtype(model, policy) -> str:
         sixteen = [d for d in dtypes if d in SIXTEEN_BIT]
         if sixteen:
             return max(set(sixteen), key=sixteen.count)
+        if dtypes:
+            return max(set(dtypes), key=dtypes.count)
         return keras.config.dtype_policy().compute_dtype
     try:
         return keras.DTypePolicy(policy).compute_dtype
@@ -261,7 +263,8 @@ def check_alignment(
         model: A built `keras.Model`.
         batch_size: Int, defaults to `None` (not checked). Global batch.
         policy: Defaults to `None` (the model's 16-bit compute dtype if any
-            layer has one, else Keras's global policy). A dtype policy name.
+            layer has one, else its most common compute dtype). A dtype
+            policy name, to ask "what if".
         hardware: Defaults to `"auto"` (detect). A
             `tfmemopt.mixed_precision.Hardware` or a preset name such as
             `"v100"`, `"a100"`, `"h100"`, `"tpu"`, `"cpu"`.
