@@ -221,6 +221,46 @@ def test_loss_scale_optimizer_skips_whole_window():
     assert float(lso.dynamic_scale) == 4.0
 
 
+def test_loss_scale_wrapping_survives_config_round_trip():
+    lso = keras.optimizers.LossScaleOptimizer(
+        AccumulatingOptimizer(keras.optimizers.SGD(0.5), 4)
+    )
+    clone = keras.saving.deserialize_keras_object(
+        keras.saving.serialize_keras_object(lso)
+    )
+    assert isinstance(clone.inner_optimizer, AccumulatingOptimizer)
+    assert clone.inner_optimizer._outer_loss_scale is clone
+    assert lso.inner_optimizer._outer_loss_scale is lso
+
+
+def test_sparse_embedding_gradients():
+    """IndexedSlices gradients (Embedding) accumulate like dense ones."""
+    ids = np.random.RandomState(0).randint(0, 10, size=(16, 3))
+    targets = np.random.RandomState(1).rand(16, 3, 2).astype("float32")
+
+    def trained(micro_batches):
+        keras.utils.set_random_seed(2)
+        layer = keras.layers.Embedding(10, 2)
+        layer.build((None, 3))
+        opt = keras.optimizers.SGD(0.5, momentum=0.5)
+        if micro_batches > 1:
+            opt = AccumulatingOptimizer(opt, micro_batches)
+        size = len(ids) // micro_batches
+        for _ in range(2):
+            for s in range(0, len(ids), size):
+                with tf.GradientTape() as tape:
+                    out = layer(ids[s : s + size])
+                    loss = tf.reduce_mean(
+                        tf.square(out - targets[s : s + size])
+                    )
+                grads = tape.gradient(loss, layer.trainable_variables)
+                assert isinstance(grads[0], tf.IndexedSlices)
+                opt.apply_gradients(zip(grads, layer.trainable_variables))
+        return [layer.embeddings.numpy()]
+
+    assert _max_rel_diff(trained(1), trained(4)) <= RTOL
+
+
 def test_mixed_float16_compile_skips_window():
     keras.config.set_dtype_policy("mixed_float16")
     x, y = _data(64)
