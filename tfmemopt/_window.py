@@ -93,7 +93,11 @@ class _Window:
         static = []
         extra = [ops.cast(ops.sum(v), "float32") for v in model.losses]
         if extra:
-            static.append(frac * ops.sum(ops.stack(extra)) / self.replicas)
+            # Regularisation and `add_loss` terms: weight b_i / B_global per
+            # micro-batch, so that they count once per update over all
+            # micro-batches and replicas (Keras adds them once per replica,
+            # which counts them `replicas` times after the all-reduce).
+            static.append(frac * ops.sum(ops.stack(extra)))
         sums = None
         for k, term in enumerate(terms):
             if term.dynamic:
