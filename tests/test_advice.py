@@ -171,10 +171,10 @@ def test_aligned_model_has_no_findings(hardware):
 def test_misaligned_model_on_v100():
     findings = check_alignment(_misaligned(), batch_size=60, hardware="v100")
     # Multiples of 8 everywhere (no 64 rule below compute capability 8.0);
-    # heads x key_dim = 720, ffn 3000 and wide 2056 are multiples of 8.
+    # heads x key_dim = 720, ffn 3000 and wide 2056 are multiples of 8, and
+    # 60 sequences x 16 tokens = 960 matmul rows are too.
     assert _rows(findings) == sorted(
         [
-            ("<batch>", "batch_size", 60, 64),
             ("conv", "filters", 100, 104),
             ("emb", "embedding dim", 500, 504),
             ("emb", "vocabulary", 50257, 50264),
@@ -241,8 +241,29 @@ def test_policy_is_read_from_the_model_or_forced():
 
 def test_hardware_object_with_several_gpus_checks_per_device_batch():
     two = Hardware("gpu", "A100", (8, 0), count=2)
-    rows = _rows(check_alignment(_aligned(), batch_size=40, hardware=two))
+    model = _mlp("mixed_bfloat16")
+    rows = _rows(check_alignment(model, batch_size=40, hardware=two))
     assert rows == [("<batch>", "batch_size", 40, 48)]
+    assert check_alignment(model, batch_size=48, hardware=two) == []
+
+
+def test_batch_counts_matmul_rows_of_sequences():
+    keras.config.set_dtype_policy("mixed_float16")
+    inputs = keras.Input((5, 32))
+    outputs = keras.layers.Dense(16, dtype="float32")(inputs)
+    model = keras.Model(inputs, outputs)
+    keras.config.set_dtype_policy("float32")
+    # 8 x 5 = 40 rows: aligned; 12 x 5 = 60 is not, 16 x 5 = 80 is.
+    assert check_alignment(model, batch_size=8, hardware="v100") == []
+    findings = check_alignment(model, batch_size=12, hardware="v100")
+    assert _rows(findings) == [("<batch>", "batch_size", 12, 16)]
+    assert "batch x 5 rows per sample" in findings[0].message
+    assert findings[0].cost_pct == pytest.approx(100 * 4 / 12)
+    # Token ids: 16 tokens per sample make any batch 16 x b rows.
+    assert (
+        check_alignment(_misaligned(), 3, hardware="v100").codes
+        == ["alignment"] * 4
+    )
 
 
 def test_findings_table_and_str():

@@ -10,15 +10,16 @@ from __future__ import annotations
 import keras
 
 from tfmemopt import mixed_precision as _mp
+from tfmemopt._alignment import LARGE_DIM
+from tfmemopt._alignment import SIXTEEN_BIT
+from tfmemopt._alignment import _dims
+from tfmemopt._alignment import alignment_target
+from tfmemopt._alignment import rows_per_sample
 from tfmemopt.findings import Finding
 from tfmemopt.findings import Findings
 from tfmemopt.findings import pad_to_multiple
 from tfmemopt.findings import walk_layers
 
-SIXTEEN_BIT = ("float16", "bfloat16")
-# Dimensions at least this large count as "large matrices", for which
-# A100/H100 prefer multiples of 64 (128 bytes of 16-bit values).
-LARGE_DIM = 1024
 _SOFTMAX_NAMES = ("softmax", "log_softmax")
 
 __all__ = [
@@ -201,47 +202,6 @@ def _compute_dtype(model, policy) -> str:
         ) from e
 
 
-def alignment_target(hardware, compute_dtype: str):
-    """(multiple, multiple for large dims, why) for this hardware and dtype.
-
-    `(None, None, why)` when the dimensions do not matter there.
-    """
-    sixteen = compute_dtype in SIXTEEN_BIT
-    if hardware.kind == "tpu":
-        return 128, 128, "the TPU's matrix units are 128x128"
-    if hardware.tensor_cores and sixteen:
-        large = 64 if hardware.bfloat16_native else 8
-        return 8, large, f"{compute_dtype} tensor cores on {hardware}"
-    if hardware.bfloat16_native and not sixteen:
-        return 4, 4, f"TF32 tensor cores on {hardware}"
-    return None, None, f"no tensor cores used on {hardware} ({compute_dtype})"
-
-
-def _dims(layer, multiple) -> list:
-    """[(attribute, value, multiple or None for the target)] of `layer`."""
-    if isinstance(layer, keras.layers.Dense):
-        return [("units", layer.units, None)]
-    if isinstance(layer, keras.layers.Embedding):
-        return [
-            ("vocabulary", layer.input_dim, None),
-            ("embedding dim", layer.output_dim, None),
-        ]
-    if isinstance(layer, keras.layers.MultiHeadAttention):
-        # The per-head dot products need only the 16-bit multiple (8);
-        # the projections are heads x key_dim wide.
-        small = min(multiple, 8)
-        dims = [("key_dim", layer.key_dim, small)]
-        dims.append(("heads x key_dim", layer.num_heads * layer.key_dim, None))
-        value_dim = layer.value_dim
-        if value_dim and value_dim != layer.key_dim:
-            dims.append(("value_dim", value_dim, small))
-        return dims
-    filters = getattr(layer, "filters", None)
-    if isinstance(layer, _HEAVY) and isinstance(filters, int):
-        return [("filters", filters, None)]
-    return []
-
-
 def check_alignment(
     model,
     batch_size: int | None = None,
@@ -334,23 +294,32 @@ def check_alignment(
         for attribute, value, target in _dims(layer, multiple):
             check(layer.name, type(layer).__name__, attribute, value, target)
     if batch_size is not None:
-        # The per-device batch is the matmuls' M dimension.
-        per_device = 8 * hw.count
-        if batch_size % per_device:
-            suggested = pad_to_multiple(int(batch_size), per_device)
-            cost = 100.0 * (suggested - batch_size) / batch_size
-            findings.append(
-                Finding(
-                    "alignment",
-                    "warning",
-                    "<batch>",
-                    f"batch_size={batch_size} over {hw.count} device(s) is "
-                    f"not a multiple of 8 per device ({why}); use "
-                    f"{suggested} (+{cost:.2f}%), or accumulate gradients.",
-                    "batch_size",
-                    int(batch_size),
-                    suggested,
-                    cost,
-                )
-            )
+        finding = _batch_finding(model, batch_size, hw, why)
+        if finding is not None:
+            findings.append(finding)
     return findings
+
+
+def _batch_finding(model, batch_size, hw, why):
+    """TPU: per-core batch multiple of 8. GPU: matmul rows per device."""
+    rows = 1 if hw.kind == "tpu" else rows_per_sample(model)
+    step = 8 * hw.count
+    if (batch_size * rows) % step == 0:
+        return None
+    suggested = batch_size + 1
+    while (suggested * rows) % step:
+        suggested += 1
+    cost = 100.0 * (suggested - batch_size) / batch_size
+    what = "batch" if rows == 1 else f"batch x {rows} rows per sample"
+    return Finding(
+        "alignment",
+        "warning",
+        "<batch>",
+        f"batch_size={batch_size} over {hw.count} device(s): the {what} is "
+        f"not a multiple of 8 per device ({why}); use {suggested} "
+        f"(+{cost:.2f}%), or accumulate gradients.",
+        "batch_size",
+        int(batch_size),
+        suggested,
+        cost,
+    )
