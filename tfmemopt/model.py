@@ -247,7 +247,11 @@ class Model(_dist.FitFixes, keras.Model):
     def fit(self, *args, **kwargs):
         if self._checkpointing_policy is not None and self.built:
             self._ensure_checkpointing()
-        return super().fit(*args, **kwargs)
+        from tfmemopt.oom import fit_batch_size
+        from tfmemopt.oom import oom_report
+
+        with oom_report(self, batch_size=fit_batch_size(args, kwargs)):
+            return super().fit(*args, **kwargs)
 
     def train_step(self, data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
