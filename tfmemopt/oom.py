@@ -150,9 +150,11 @@ def build_report(
     except Exception:  # noqa: BLE001
         report.device_memory = None
     if model is None or batch_size is None:
+        missing = "model" if model is None else "batch size"
         report.plan_error = (
-            "pass `model` and `batch_size` to oom_report() for an estimate "
-            "and a plan"
+            f"the {missing} is unknown: pass `model` and `batch_size` to "
+            "oom_report() (or fit a dataset with a fixed batch size) for an "
+            "estimate and a plan"
         )
         return report
     try:
