@@ -156,6 +156,7 @@ def test_keras_distribution_is_refused_on_tensorflow():
     check_keras_distribution()  # unset again: no error
 
 
+@pytest.mark.slow
 def test_tpu_local_without_a_tpu_says_what_to_do():
     # A real local probe (no network): fails at once on a CPU machine.
     out = run_in_subprocess(

@@ -31,14 +31,17 @@ def data(inject):
     return x, y
 
 def train(strategy, policy="float32", steps=2, inject=False, clip=None,
-          spe=1, epochs=2):
+          spe=1, epochs=2, ckpt=None):
     keras.config.set_dtype_policy(policy)
     keras.utils.set_random_seed(0)
     with strategy.scope():
         inp = keras.Input((6,))
         h = keras.layers.Dense(8, activation="tanh")(inp)
+        for _ in range(3 if ckpt else 0):
+            h = keras.layers.Dense(8, activation="tanh")(h)
         out = keras.layers.Dense(1, dtype="float32")(h)
-        m = tfmemopt.Model(inp, out, accumulation_steps=steps)
+        m = tfmemopt.Model(inp, out, accumulation_steps=steps,
+                           checkpointing=ckpt)
         kw = {} if clip is None else {clip[0]: clip[1]}
         m.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9, **kw),
                   loss="mse", steps_per_execution=spe)
@@ -84,6 +87,7 @@ CASES = {
         "epochs": 1,
     },
     "global_clipnorm": {"clip": ("global_clipnorm", 0.05)},
+    "checkpointing": {"ckpt": "auto"},
     "steps_per_execution": {"spe": 2, "ops": "one_device", "steps": 4},
     "steps_per_execution_collective": {"spe": 2},
 }
@@ -96,6 +100,7 @@ TOLERANCE = {
     "mixed_bfloat16": 2e-3,
     "inf_on_replica_1": 1e-4,
     "global_clipnorm": 1e-6,
+    "checkpointing": 1e-6,
     "steps_per_execution": 1e-6,
 }
 
@@ -110,6 +115,7 @@ def results():
 @pytest.mark.parametrize("case", sorted(TOLERANCE))
 def test_mirrored_equals_one_device(results, case):
     r = results[case]
+    print(case, r)
     assert "error" not in r, r
     assert r["finite"] and r["replicas_equal"], r
     assert r["max_diff"] <= TOLERANCE[case], r

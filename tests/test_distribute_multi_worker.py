@@ -185,11 +185,12 @@ def test_two_workers_equal_one_process(runs):
         in (w0["describe"])
     )
     assert w0["weights"] == w1["weights"]  # both workers hold the same
-    assert _max_diff(w0["weights"], w0["reference"]) < 1e-6
-    moved = _max_diff(w0["reference"], runs["restarted"][0]["weights"])
-    assert moved < 1e-6
-    assert np.isfinite(w0["history"]["loss"]).all()
-    assert len(w0["history"]["loss"]) == 3
+    diff = _max_diff(w0["weights"], w0["reference"])
+    print(f"two workers vs one process: max abs diff {diff:.3g}")
+    assert diff < 1e-6
+    loss = w0["history"]["loss"]
+    assert len(loss) == 3 and np.isfinite(loss).all()
+    assert loss[-1] < loss[0]  # it trained: the comparison is not vacuous
 
 
 @pytest.mark.slow
@@ -198,6 +199,12 @@ def test_worker_killed_mid_epoch_resumes_to_the_same_weights(runs):
     assert runs["restart_codes"] == [0, 0]
     uninterrupted = runs["plain"][0]["weights"]
     for worker in runs["restarted"]:
-        assert _max_diff(worker["weights"], uninterrupted) < 1e-6
+        diff = _max_diff(worker["weights"], uninterrupted)
+        print(f"restarted vs uninterrupted: max abs diff {diff:.3g}")
+        assert diff < 1e-6
+    ref = _max_diff(
+        runs["restarted"][0]["weights"], runs["plain"][0]["reference"]
+    )
+    assert ref < 1e-6
     # The restart resumed from the end of epoch 0: it ran epochs 1 and 2.
     assert len(runs["restarted"][0]["history"]["loss"]) == 2
