@@ -278,3 +278,14 @@ def test_cli_find_batch_size(tmp_path, capsys):
     assert out["batch_size"] == 64 and len(out["trials"]) == 2
     assert out["suggest"] == {"micro_batch_size": 32, "accumulation_steps": 3}
     assert cli.main(["find-batch-size", str(tmp_path / "no.keras")]) == 2
+
+
+def test_dataset_input_is_repeated_to_fill_the_batch():
+    model = wide_model(threshold=20, optimizer="sgd")
+    x, y = data(10)  # fewer samples than the batches tried
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(4)
+    found = tfmemopt.find_batch_size(
+        model, ds, max_batch_size=32, multiple_of=16, margin=0.0, verbose=0
+    )
+    assert found.batch_size == 16
+    assert [t.fits for t in found.trials] == [True, False]
