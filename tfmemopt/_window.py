@@ -174,17 +174,15 @@ class _Window:
     # their rows are collected and concatenated, so that the optimizer sees
     # the same rows as for the whole batch (Keras's Adam squares the rows of
     # a sparse gradient before duplicates are summed, so densifying would
-    # change the update). Under XLA they are densified (documented).
+    # change the update). This holds under XLA too: the loop's rows go
+    # through TensorArrays of fixed element shape.
     def _first(self, out):
         kinds = []
         for j, v in enumerate(self.variables):
             grads = [g[j] for g in out["grads"] if g[j] is not None]
             if not grads:
                 kinds.append(None)
-            elif (
-                all(isinstance(g, tf.IndexedSlices) for g in grads)
-                and self.model.jit_compile is not True
-            ):
+            elif all(isinstance(g, tf.IndexedSlices) for g in grads):
                 kinds.append("sparse")
             else:
                 kinds.append("dense")
