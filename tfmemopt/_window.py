@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import keras
 import tensorflow as tf
-from keras import ops
 
 from tfmemopt import loss_normalization as ln
 from tfmemopt.distribute import _hooks as _dist
@@ -65,70 +64,26 @@ class _Window:
         self.spec = None
 
     # -- one micro-batch -------------------------------------------------
-    def _window_weight_sums(self, y_pred):
+    def _weight_sums(self):
+        """The whole batch's weight sums, for "mean_with_sample_weight"."""
         if self.weight_sums is None:
-            sums = ln.sample_weight_sums(self.model, self.y, y_pred, self.sw)
             self.weight_sums = [
-                None if s is None else ln.global_sum(s) for s in sums
+                None if s is None else ln.global_sum(s)
+                for s in ln.sample_weight_sums(self.model, self.sw)
             ]
         return self.weight_sums
 
     def _losses(self, x, y, sw, y_pred, size):
-        """(static loss, [dynamic numerators], [dynamic normalisers], terms)."""
-        model = self.model
-        frac = tf.cast(size, tf.float32) / self.batch_global
-        generic = not _uses_keras_compute_loss(model)
-        terms = []
-        if not generic:
-            try:
-                terms = ln.compiled_terms(model, y, y_pred, sw)
-            except ln.UnsupportedLoss:
-                generic = True
-        if generic:
-            loss = model.compute_loss(x, y, y_pred, sw, training=True)
-            loss = tf.cast(loss, tf.float32) * (
-                tf.cast(size, tf.float32) * self.replicas / self.batch_global
-            )
-            return loss, [], [], [], True
-        static = []
-        extra = [ops.cast(ops.sum(v), "float32") for v in model.losses]
-        if extra:
-            # Regularisation and `add_loss` terms: weight b_i / B_global per
-            # micro-batch, so that they count once per update over all
-            # micro-batches and replicas (Keras adds them once per replica,
-            # which counts them `replicas` times after the all-reduce).
-            static.append(frac * ops.sum(ops.stack(extra)))
-        sums = None
-        for k, term in enumerate(terms):
-            if term.dynamic:
-                continue
-            if term.per_sample:
-                window_norm = (
-                    term.normaliser
-                    * self.batch_global
-                    / tf.cast(size, tf.float32)
-                )
-            elif term.uses_weight_sum:
-                sums = sums or self._window_weight_sums(y_pred)
-                window_norm = sums[k]
-            else:
-                window_norm = tf.ones((), tf.float32)
-            term.window_value = tf.math.divide_no_nan(
-                term.numerator, window_norm
-            )
-            static.append(term.weight * term.window_value)
-        if not static and not any(t.dynamic for t in terms):
-            raise ValueError(
-                "No loss to compute. Provide a `loss` argument in `compile()`."
-            )
-        static_loss = ops.sum(ops.stack(static)) if static else None
-        dyn = [t for t in terms if t.dynamic]
-        return (
-            static_loss,
-            [t.numerator for t in dyn],
-            [t.normaliser for t in dyn],
-            terms,
-            False,
+        return ln.micro_batch_losses(
+            self.model,
+            x,
+            y,
+            sw,
+            y_pred,
+            size,
+            self.batch_global,
+            self._weight_sums,
+            generic=not _uses_keras_compute_loss(self.model),
         )
 
     def micro_step(self, start, size):

@@ -43,11 +43,10 @@ class Term:
             weight sum or entry count; 1 for `"sum"`).
         weight: Python float, the term's `loss_weights` entry.
         dynamic: Whether `normaliser` depends on a mask.
-        weight_sum: Float32 scalar or None: for static
-            `"mean_with_sample_weight"` terms, marks that the window
+        uses_weight_sum: Static `"mean_with_sample_weight"` term: the window
             normaliser is the whole batch's weight sum.
-        per_sample: Whether the window normaliser is proportional to the
-            number of samples (static mean-type terms without weights).
+        per_sample: Static mean-type term: the window normaliser is
+            proportional to the number of samples.
     """
 
     name: str
@@ -219,7 +218,7 @@ def compiled_terms(model, y_true, y_pred, sample_weight):
     return terms
 
 
-def sample_weight_sums(model, y_true, y_pred_structure, sample_weight):
+def sample_weight_sums(model, sample_weight):
     """Whole-batch weight sum per term (for `"mean_with_sample_weight"`)."""
     compile_loss = model._compile_loss
     sums = []
@@ -231,8 +230,68 @@ def sample_weight_sums(model, y_true, y_pred_structure, sample_weight):
         if keras.tree.is_nested(sample_weight):
             sw = _resolve(entry.path, sample_weight)
         sums.append(ops.sum(ops.cast(sw, "float32")))
-    del y_true, y_pred_structure
     return sums
+
+
+def micro_batch_losses(
+    model, x, y, sw, y_pred, size, batch_global, weight_sums, generic=False
+):
+    """One micro-batch's share of the window's loss.
+
+    `weight_sums()` gives the whole batch's weight sum per term (called only
+    for static `"mean_with_sample_weight"` terms).
+
+    Returns:
+        `(static, dyn_numerators, dyn_normalisers, terms, generic)`: `static`
+        is the part whose normaliser is known (already divided by the
+        window's normaliser, or `None`); each dynamic term contributes its
+        numerator, divided once the window's normaliser is known.
+    """
+    frac = tf.cast(size, tf.float32) / batch_global
+    terms = []
+    if not generic:
+        try:
+            terms = compiled_terms(model, y, y_pred, sw)
+        except UnsupportedLoss:
+            generic = True
+    if generic:
+        # A custom `compute_loss`: weighted by micro-batch size (exact for
+        # per-sample means). Keras's value already carries 1/replicas.
+        loss = model.compute_loss(x, y, y_pred, sw, training=True)
+        loss = tf.cast(loss, tf.float32) * frac * num_replicas()
+        return loss, [], [], [], True
+    static = []
+    extra = [ops.cast(ops.sum(v), "float32") for v in model.losses]
+    if extra:
+        # Regularisation and `add_loss` terms: weight b_i / B_global per
+        # micro-batch, so that they count once per update over all
+        # micro-batches and replicas (Keras adds them once per replica,
+        # which counts them `replicas` times after the all-reduce).
+        static.append(frac * ops.sum(ops.stack(extra)))
+    for k, term in enumerate(terms):
+        if term.dynamic:
+            continue
+        if term.per_sample:
+            window_norm = term.normaliser / frac
+        elif term.uses_weight_sum:
+            window_norm = weight_sums()[k]
+        else:
+            window_norm = tf.ones((), tf.float32)
+        term.window_value = tf.math.divide_no_nan(term.numerator, window_norm)
+        static.append(term.weight * term.window_value)
+    if not static and not any(t.dynamic for t in terms):
+        raise ValueError(
+            "No loss to compute. Provide a `loss` argument in `compile()`."
+        )
+    static_loss = ops.sum(ops.stack(static)) if static else None
+    dyn = [t for t in terms if t.dynamic]
+    return (
+        static_loss,
+        [t.numerator for t in dyn],
+        [t.normaliser for t in dyn],
+        terms,
+        False,
+    )
 
 
 def per_output_loss_metrics(model):
