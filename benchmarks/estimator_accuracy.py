@@ -194,6 +194,8 @@ def run_model(name, quick):
 
 def main():
     quick = "--quick" in sys.argv
+    # --partial: write the table even when some models have no rows yet.
+    partial = "--partial" in sys.argv
     only = [a for a in sys.argv[1:] if not a.startswith("--")]
     names = only or list(MODELS)
     rows = []
@@ -234,7 +236,7 @@ def main():
         rows = kept + rows
     with open(path, "w") as f:
         json.dump(rows, f, indent=1)
-    if quick or {r["model"] for r in rows} != set(MODELS):
+    if quick or ({r["model"] for r in rows} != set(MODELS) and not partial):
         return
     rows.sort(key=lambda r: list(MODELS).index(r["model"]))
     write_table(rows)
@@ -275,8 +277,10 @@ def write_table(rows):
                 f"{spread:.0%}" + (f" {r['error']}" if r["error"] else ""),
             ]
         )
+    missing = [m for m in MODELS if m not in {r["model"] for r in rows}]
     summary = (
-        f"{len(errors)} cases; median absolute error "
+        (f"Not measured in this run: {', '.join(missing)}. " if missing else "")
+        + f"{len(errors)} cases; median absolute error "
         f"{statistics.median(errors):.1%}, worst {max(errors):.1%}; "
         f"{sum(e <= 0.15 for e in errors)} within 15%, "
         f"{sum(e <= 0.35 for e in errors)} within 35%."
