@@ -55,6 +55,7 @@ VARIANTS = {
 
 
 def main():
+    load = os.getloadavg()
     rng = np.random.RandomState(0)
     x = rng.rand(MICRO * BATCHES, WIDTH).astype("float32")
     y = rng.randint(0, 10, size=MICRO * BATCHES)
@@ -114,9 +115,12 @@ def main():
         "AccumulatingOptimizer / plain fit: "
         f"**{ratio(wall, ours, plain):.2f}x** wall, "
         f"**{ratio(cpu, ours, plain):.2f}x** CPU (target >= 0.95).\n\n"
-        "Timings were taken on a shared 2-core machine under heavy load "
-        "(load average about 10 from other engineers' test runs): the "
-        "wall-clock ratios moved by up to 0.2 between identical runs."
+        "Timings were taken on a shared 2-core machine under load from "
+        "other engineers' test runs (1-minute load average "
+        f"{load[0]:.1f} at the start, {os.getloadavg()[0]:.1f} at the end). "
+        "Between identical runs the wall-clock ratios moved by up to 0.3 "
+        "and the CPU-time ratios by about 0.06: read the CPU column, and "
+        "treat differences below ~0.1 as noise."
     )
     print(body)
     write_section("accumulating_optimizer", body)
