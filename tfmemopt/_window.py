@@ -43,6 +43,18 @@ def _call(model, x):
     return model(x)
 
 
+def _after(acc, value):
+    """`value` as an int32 tensor that exists only once `acc` is computed.
+
+    Graph execution lowers `tf.while_loop` and `tf.cond` to per-input
+    control flow: a micro-batch whose slice start is a constant would start
+    its forward pass while the previous micro-batch is still alive. Making
+    the start depend on the accumulators keeps them strictly one at a time.
+    """
+    with tf.control_dependencies(tf.nest.flatten(acc)):
+        return tf.identity(tf.cast(value, tf.int32))
+
+
 def _as_dense_f32(grad):
     if isinstance(grad, tf.IndexedSlices):
         grad = tf.convert_to_tensor(grad)
@@ -216,18 +228,16 @@ class _Window:
                 acc, loop_rows = self._loop(acc, plan.num_full, plan.size)
                 pieces.append(loop_rows)
             if plan.tail > 0:
-                acc, tail_rows = self._step_and_add(
-                    acc, plan.num_full * plan.size, plan.tail
-                )
+                start = _after(acc, plan.num_full * plan.size)
+                acc, tail_rows = self._step_and_add(acc, start, plan.tail)
                 pieces.append(tail_rows)
         else:
             acc, loop_rows = self._loop(acc, plan.num_full, plan.size)
             pieces.append(loop_rows)
+            start = _after(acc, plan.num_full * plan.size)
             acc, tail_rows = tf.cond(
                 plan.tail > 0,
-                lambda: self._step_and_add(
-                    acc, plan.num_full * plan.size, plan.tail
-                ),
+                lambda: self._step_and_add(acc, start, plan.tail),
                 lambda: (acc, self._empty_rows()),
             )
             pieces.append(tail_rows)
@@ -288,7 +298,7 @@ class _Window:
         out = tf.while_loop(
             cond,
             body,
-            [tf.constant(1, tf.int32)] + flat + new_arrays(),
+            [_after(acc, 1)] + flat + new_arrays(),
             parallel_iterations=1,
         )
         acc = tf.nest.pack_sequence_as(acc, list(out[1 : 1 + len(flat)]))
