@@ -15,8 +15,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PATH = os.path.join(ROOT, "BENCHMARKS.md")
 HEADER = (
     "# Benchmarks\n\n"
-    "Written by the scripts in `benchmarks/` (run by hand: `make bench`, or one\n"
-    "script at a time). Each measures ours against the alternatives side by\n"
+    "Written by the scripts in `benchmarks/` (run by hand: `make bench`, or\n"
+    "one script at a time). Each measures ours against the alternatives side by\n"
     "side in one process; times are medians of several runs and quoted as\n"
     "ratios, since these machines are shared and noisy.\n"
 )

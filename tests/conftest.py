@@ -53,8 +53,8 @@ def run_in_subprocess(
     """
     source = _PRELUDE.format(n_cpus=int(n_cpus)) + textwrap.dedent(code)
     child_env = dict(os.environ)
-    child_env["PYTHONPATH"] = ROOT + os.pathsep + child_env.get(
-        "PYTHONPATH", ""
+    child_env["PYTHONPATH"] = (
+        ROOT + os.pathsep + child_env.get("PYTHONPATH", "")
     )
     if env:
         child_env.update(env)
