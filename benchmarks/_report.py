@@ -16,8 +16,9 @@ PATH = os.path.join(ROOT, "BENCHMARKS.md")
 HEADER = (
     "# Benchmarks\n\n"
     "Written by the scripts in `benchmarks/` (run by hand: `make bench`, or\n"
-    "one script at a time). Each measures ours against the alternatives side by\n"
-    "side in one process; times are medians of several runs and quoted as\n"
+    "one script at a time). Each measures ours against the alternatives\n"
+    "side by side in one process; times are medians of several runs and\n"
+    "quoted as\n"
     "ratios, since these machines are shared and noisy.\n"
 )
 
