@@ -202,6 +202,21 @@ def test_accumulation_keeps_one_micro_batch_plus_float32_buffers():
     assert acc.inputs == full.inputs + micro.inputs
 
 
+def test_accumulation_keeps_sparse_rows_not_a_dense_table():
+    # tfmemopt.Model keeps an embedding's gradient sparse: the rows of every
+    # micro-batch, then their concatenation, instead of a dense float32
+    # copy of the 1000 x 16 table.
+    inp = keras.Input((8,), dtype="int32")
+    x = keras.layers.Embedding(1000, 16)(inp)
+    x = keras.layers.GlobalAveragePooling1D()(x)
+    model = keras.Model(inp, keras.layers.Dense(1)(x))
+    acc = estimate_memory(model, 64, accumulation_steps=4)
+    rows = 64 * 8 * 16 * F32 + 64 * 8 * 4  # values and int32 indices
+    dense = (16 + 1) * F32
+    assert acc.accumulation == 2 * rows + dense
+    assert any("sparse gradients" in n for n in acc.notes)
+
+
 def test_checkpointing_keeps_boundaries_plus_largest_segment():
     model = _mlp(width=256, depth=16)
     plain = estimate_memory(model, 256)
@@ -218,6 +233,29 @@ def test_checkpointing_keeps_boundaries_plus_largest_segment():
     # measured trap in PITFALLS.md), and the estimate says so.
     assert blocks.activations == pytest.approx(plain.activations, rel=0.01)
     assert any("checkpointing" in n for n in auto.notes)
+
+
+def _residual(blocks=4, width=64):
+    x = inp = keras.Input((width,))
+    x = keras.layers.Dense(width)(x)
+    for _ in range(blocks):
+        h = keras.layers.Dense(width, activation="relu")(x)
+        h = keras.layers.Dense(width)(h)
+        x = keras.layers.Add()([x, h])
+    return keras.Model(inp, keras.layers.Dense(1)(x))
+
+
+def test_auto_checkpointing_cuts_where_the_library_cuts():
+    # 10 layers with weights -> about 3 per segment, but the library cuts
+    # only after an Add (one tensor carries everything on): the estimate
+    # must model those segments, not every third layer.
+    model = _residual()
+    est = estimate_memory(model, 256, checkpointing="auto")
+    report = tfmemopt.enable_checkpointing(model, "auto")
+    note = next(n for n in est.notes if n.startswith("checkpointing"))
+    assert f"{len(report.segments)} segments" in note
+    plain = estimate_memory(_residual(), 256)
+    assert est.activations < plain.activations
 
 
 def test_replicas_split_the_global_batch():

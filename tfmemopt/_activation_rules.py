@@ -21,10 +21,40 @@ def _segments(units, every):
     return [units[i : i + every] for i in range(0, len(units), every)]
 
 
-def checkpointed_activations(step, policy):
+def _library_segments(model, units):
+    """The segments `enable_checkpointing(model, "auto")` makes, as units.
+
+    `None` where it would fall back to other rules (a subclassed model).
+    The estimate must cut where the library cuts: about sqrt(N) layers
+    *with weights* per segment, and only where one tensor carries
+    everything on (a cut inside a residual block would keep the skip
+    tensor too).
+    """
+    from tfmemopt.checkpointing import policies
+
+    try:
+        ranges = policies.auto_segments(model)
+        ops = policies.top_level(model)
+    except (AttributeError, TypeError, ValueError):
+        return None
+    if not ranges:
+        return None
+    known = set(units)
+    segs = [
+        [(op.name,) for op in ops[a:b] if (op.name,) in known]
+        for a, b in ranges
+    ]
+    return [s for s in segs if s] or None
+
+
+def checkpointed_activations(step, policy, model=None):
     """(activations kept with checkpointing, number of segments, depth)."""
     depth = 1
     units, saved, outputs = step.segments[1]
+    if policy == "auto" and model is not None:
+        segs = _library_segments(model, units)
+        if segs is not None:
+            return _kept(step, segs, saved, outputs), len(segs), depth
     # A single nested model (keras.applications inside a functional model)
     # is segmented one level down.
     total = sum(saved.values()) or 1
@@ -42,12 +72,16 @@ def checkpointed_activations(step, policy):
     else:
         every = int(policy)
     segs = _segments(units, every)
-    inside = sum(saved.values())
+    return _kept(step, segs, saved, outputs), len(segs), depth
+
+
+def _kept(step, segs, saved, outputs):
+    """Outside the segments, their boundaries, and the largest recomputed."""
+    inside = sum(saved[u] for seg in segs for u in seg)
     outside = step.saved - inside
     boundaries = sum(outputs[seg[-1]] for seg in segs[:-1])
     largest = max(sum(saved[u] for u in seg) for seg in segs)
-    kept = outside + boundaries + largest
-    return min(kept, step.saved), len(segs), depth
+    return min(outside + boundaries + largest, step.saved)
 
 
 def unknown_layers(model, step, itemsize, batch):

@@ -66,6 +66,9 @@ class StepGraph:
     segments: dict
     # Layers with kept tensors of unknown size (while loops, dynamic shapes).
     unknown: list
+    # Trainable-variable index -> bytes of its sparse gradient's rows
+    # (values and indices) when the gradient is a `tf.IndexedSlices`.
+    sparse_rows: dict = dataclasses.field(default_factory=dict)
 
 
 def _nbytes(t, scale=None) -> int | None:
@@ -265,6 +268,12 @@ def trace_step(
     peak = _simulate(ops, outputs, scale)
     inputs = sum(_nbytes(s_to_t) or 0 for s_to_t in concrete.graph.inputs)
     grads = sum(_nbytes(t, None) or 0 for t in outputs)
+    sparse_rows = {}
+    for i, g in enumerate(concrete.structured_outputs):
+        if isinstance(g, tf.IndexedSlices):
+            sparse_rows[i] = (_nbytes(g.values) or 0) + (
+                _nbytes(g.indices) or 0
+            )
     return StepGraph(
         peak=peak,
         inputs=inputs,
@@ -273,6 +282,7 @@ def trace_step(
         saved_by_layer=saved_by_layer,
         segments=segments,
         unknown=unknown,
+        sparse_rows=sparse_rows,
     )
 
 

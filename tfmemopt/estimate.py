@@ -286,7 +286,7 @@ def estimate_memory(
         )
     temporaries = max(0, step.peak - step.saved - step.gradients - step.inputs)
     if ckpt is not None:
-        kept, n_segments, _ = checkpointed_activations(step, ckpt)
+        kept, n_segments, _ = checkpointed_activations(step, ckpt, model)
         notes.append(
             f"checkpointing {ckpt!r}: {n_segments} segments; boundaries "
             "plus the largest segment (recomputed) kept"
@@ -297,10 +297,24 @@ def estimate_memory(
     accumulation = 0
     if accumulation_steps > 1:
         inputs += step.inputs * per_replica // micro
-        accumulation = sum(math.prod(v.shape) * 4 for v in trainable)
+        # Dense gradients are summed into float32 buffers; sparse ones
+        # (embedding lookups) stay sparse: every micro-batch's rows are
+        # kept, then concatenated when the window ends (two copies).
+        accumulation = sum(
+            math.prod(v.shape) * 4
+            for i, v in enumerate(trainable)
+            if i not in step.sparse_rows
+        )
+        rows = sum(step.sparse_rows.values()) * per_replica // micro
+        accumulation += 2 * rows
         notes.append(
             f"accumulation: micro-batch {micro} x {accumulation_steps}, "
             "float32 accumulators"
+            + (
+                f"; sparse gradients keep the batch's rows ({_units(rows)})"
+                if rows
+                else ""
+            )
         )
     if replicas > 1:
         temporaries += grads
