@@ -24,7 +24,8 @@ import tfmemopt  # noqa: E402
 
 BATCH = 1024
 STEPS = 8
-EPOCHS = 15
+# The smoke test shortens training with this variable; users need not.
+EPOCHS = int(os.environ.get("TFMEMOPT_QUICKSTART_EPOCHS", "15"))
 
 
 class DigitNet(tfmemopt.Model):

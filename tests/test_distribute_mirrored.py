@@ -87,7 +87,6 @@ CASES = {
         "epochs": 1,
     },
     "global_clipnorm": {"clip": ("global_clipnorm", 0.05)},
-    "checkpointing": {"ckpt": "auto"},
     "steps_per_execution": {"spe": 2, "ops": "one_device", "steps": 4},
     "steps_per_execution_collective": {"spe": 2},
 }
@@ -100,7 +99,6 @@ TOLERANCE = {
     "mixed_bfloat16": 2e-3,
     "inf_on_replica_1": 1e-4,
     "global_clipnorm": 1e-6,
-    "checkpointing": 1e-6,
     "steps_per_execution": 1e-6,
 }
 

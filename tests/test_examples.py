@@ -1,5 +1,6 @@
 """Smoke tests: the examples run as a user would run them."""
 
+import json
 import os
 import re
 import subprocess
@@ -12,7 +13,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.mark.slow
 def test_quickstart_prints_table_and_matching_accuracy():
-    env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="1", TF_CPP_MIN_LOG_LEVEL="2")
+    env = dict(
+        os.environ,
+        TF_ENABLE_ONEDNN_OPTS="1",
+        TF_CPP_MIN_LOG_LEVEL="2",
+        TFMEMOPT_QUICKSTART_EPOCHS="4",
+    )
     proc = subprocess.run(
         [sys.executable, os.path.join(ROOT, "examples", "quickstart.py")],
         capture_output=True,
@@ -30,6 +36,38 @@ def test_quickstart_prints_table_and_matching_accuracy():
     assert [r[0] for r in rows] == ["plain Keras", "tfmemopt"], proc.stdout
     (_, plain_mib, plain_acc), (_, ours_mib, ours_acc) = rows
     # Same updates, so the same accuracy; and a smaller step peak.
-    assert float(plain_acc) > 0.9
+    assert float(plain_acc) > 0.8  # 4 epochs here, 15 in `make demo`
     assert abs(float(plain_acc) - float(ours_acc)) <= 0.005
     assert float(ours_mib) < 0.8 * float(plain_mib)
+
+
+@pytest.mark.slow
+def test_multi_worker_example_trains_two_workers_alike():
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    env.pop("TF_CONFIG", None)
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "examples", "multi_worker.py")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    losses = dict(
+        re.findall(r"^worker (\d): loss per epoch (\[.*\])$", proc.stdout, re.M)
+    )
+    assert set(losses) == {"0", "1"}, proc.stdout
+    assert losses["0"] == losses["1"]  # one model, trained in sync
+    first, *_, last = json.loads(losses["0"])
+    assert last < first
+
+
+def test_tpu_example_is_valid_and_does_nothing_on_import():
+    import py_compile
+
+    path = os.path.join(ROOT, "examples", "tpu.py")
+    py_compile.compile(path, doraise=True)
+    source = open(path).read()
+    assert 'if __name__ == "__main__":' in source
+    assert "auto_strategy" in source and "bfloat16" in source
