@@ -36,7 +36,7 @@ import tfmemopt  # noqa: E402
 
 N = 8
 REPEATS = 3
-ROUNDS = 5
+ROUNDS = 8
 
 
 def mlp(cls, **kwargs):

@@ -158,16 +158,15 @@ def main():
         f"{SMALL} (the part that grows with the batch). Medians of "
         f"{REPEATS} interleaved runs; step time at batch {LARGE}, median "
         f"over runs of the mean of {STEPS} steps. Taken on a shared 2-core "
-        "machine under heavy load from other jobs: timings are noisy, "
-        "read the ratios.\n\n"
+        "machine: timings are noisy, read the ratios.\n\n"
         + table(headers, rows)
         + "\n\nOn this CPU (AMD EPYC, no AVX-512) oneDNN has no 16-bit "
         "kernels: TensorFlow falls back to Eigen, whose 16-bit matmuls use "
         "float32 temporaries, so 16-bit steps are not faster and the "
         "per-op temporaries eat part of the saving; that is why "
-        "`configure('auto')` keeps float32 on CPUs. Activation memory does "
-        "shrink, most with checkpointing (which keeps few activations and "
-        "leaves the per-op temporaries as the bulk of the step). "
+        "`configure('auto')` keeps float32 on CPUs. With accumulation (and "
+        "checkpointing) those per-op float32 temporaries are most of what "
+        "remains of the step, so 16 bits save little or nothing here. "
         "On GPU: not measured (no GPU on this machine)."
     )
     print(body)
