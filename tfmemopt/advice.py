@@ -10,6 +10,7 @@ from __future__ import annotations
 import keras
 
 from tfmemopt import mixed_precision as _mp
+from tfmemopt._alignment import _CONV
 from tfmemopt._alignment import LARGE_DIM
 from tfmemopt._alignment import SIXTEEN_BIT
 from tfmemopt._alignment import _dims
@@ -63,14 +64,7 @@ _HEAVY = (
     keras.layers.EinsumDense,
     keras.layers.Embedding,
     keras.layers.MultiHeadAttention,
-    keras.layers.Conv1D,
-    keras.layers.Conv2D,
-    keras.layers.Conv3D,
-    keras.layers.Conv1DTranspose,
-    keras.layers.Conv2DTranspose,
-    keras.layers.Conv3DTranspose,
-    keras.layers.SeparableConv1D,
-    keras.layers.SeparableConv2D,
+    *_CONV,
     keras.layers.DepthwiseConv1D,
     keras.layers.DepthwiseConv2D,
     keras.layers.LSTM,
