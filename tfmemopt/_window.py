@@ -21,10 +21,9 @@ from tfmemopt.micro_batching import slice_batch
 class _Spec:
     """What the first trace of a micro-step revealed (static structure)."""
 
-    def __init__(self, dynamic, has_static, connected, generic):
+    def __init__(self, dynamic, has_static, generic):
         self.dynamic = dynamic  # indices of dynamic terms
         self.has_static = has_static
-        self.connected = connected  # per variable: gets a gradient
         self.generic = generic
 
 
@@ -156,7 +155,6 @@ class _Window:
         self.spec = _Spec(
             out["dynamic_idx"],
             out["static"] is not None,
-            [k is not None for k in kinds],
             out["generic"],
         )
         self.kinds = kinds
