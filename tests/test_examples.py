@@ -11,16 +11,12 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.mark.slow
-def test_quickstart_prints_table_and_matching_accuracy():
-    env = dict(
-        os.environ,
-        TF_ENABLE_ONEDNN_OPTS="1",
-        TF_CPP_MIN_LOG_LEVEL="2",
-        TFMEMOPT_QUICKSTART_EPOCHS="4",
-    )
+def run_example(name, **env_vars):
+    """Runs examples/<name> as a user would; returns its stdout."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **env_vars)
+    env.pop("TF_CONFIG", None)
     proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "examples", "quickstart.py")],
+        [sys.executable, os.path.join(ROOT, "examples", name)],
         capture_output=True,
         text=True,
         timeout=600,
@@ -28,12 +24,22 @@ def test_quickstart_prints_table_and_matching_accuracy():
         cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc.stdout
+
+
+@pytest.mark.slow
+def test_quickstart_prints_table_and_matching_accuracy():
+    stdout = run_example(
+        "quickstart.py",
+        TF_ENABLE_ONEDNN_OPTS="1",
+        TFMEMOPT_QUICKSTART_EPOCHS="4",
+    )
     rows = re.findall(
         r"^(plain Keras|tfmemopt).*?([\d.]+) MiB\s+([\d.]+)$",
-        proc.stdout,
+        stdout,
         flags=re.M,
     )
-    assert [r[0] for r in rows] == ["plain Keras", "tfmemopt"], proc.stdout
+    assert [r[0] for r in rows] == ["plain Keras", "tfmemopt"], stdout
     (_, plain_mib, plain_acc), (_, ours_mib, ours_acc) = rows
     # Same updates, so the same accuracy; and a smaller step peak.
     assert float(plain_acc) > 0.8  # 4 epochs here, 15 in `make demo`
@@ -43,21 +49,11 @@ def test_quickstart_prints_table_and_matching_accuracy():
 
 @pytest.mark.slow
 def test_multi_worker_example_trains_two_workers_alike():
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    env.pop("TF_CONFIG", None)
-    proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "examples", "multi_worker.py")],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-        cwd=ROOT,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    stdout = run_example("multi_worker.py")
     losses = dict(
-        re.findall(r"^worker (\d): loss per epoch (\[.*\])$", proc.stdout, re.M)
+        re.findall(r"^worker (\d): loss per epoch (\[.*\])$", stdout, re.M)
     )
-    assert set(losses) == {"0", "1"}, proc.stdout
+    assert set(losses) == {"0", "1"}, stdout
     assert losses["0"] == losses["1"]  # one model, trained in sync
     first, *_, last = json.loads(losses["0"])
     assert last < first
