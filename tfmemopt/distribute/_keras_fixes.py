@@ -1,4 +1,4 @@
-"""Fixes for Keras 3 `fit` under `MultiWorkerMirroredStrategy`.
+"""Fixes for Keras 3 `fit` under collective all-reduce strategies.
 
 Keras 3.x `fit` fails twice with two or more workers (keras-team/keras#20585,
 tensorflow/tensorflow#72388):
@@ -12,6 +12,9 @@ tensorflow/tensorflow#72388):
    which fails on scalar logs ("Invalid reduction dimension 0"). We give each
    log a leading axis of length 1 inside the replica; the reduce then returns
    the mean over replicas as a scalar, which is what Keras meant.
+3. `steps_per_execution > 1` fails under collective all-reduce
+   (keras-team/keras#19246). On one host the mixin runs its own multi-step
+   loop (`_multi_step.py`); across workers it raises a clear error.
 
 `MultiWorkerFitFixes` is a mixin for `keras.Model` subclasses; `expand_logs`
 is the hook a custom `train_step` calls on what it returns.
@@ -21,6 +24,8 @@ from __future__ import annotations
 
 import keras
 import tensorflow as tf
+
+from tfmemopt.distribute._multi_step import make_multi_step_function
 
 
 def in_multi_worker_mode(strategy=None) -> bool:
@@ -100,7 +105,15 @@ class MultiWorkerFitFixes:
         return expand_logs(super().test_step(data))
 
     def make_train_function(self, force=False):
-        check_steps_per_execution(self.distribute_strategy, self)
+        if self.train_function is not None and not force:
+            return self.train_function
+        strategy = self.distribute_strategy
+        if runs_steps_inline(strategy, self):
+            self.train_function = make_multi_step_function(
+                self, self.train_step
+            )
+            return self.train_function
+        check_steps_per_execution(strategy, self)
         return super().make_train_function(force=force)
 
 
@@ -114,26 +127,41 @@ def uses_collective_ops(strategy) -> bool:
     return type(ops).__name__ == "CollectiveAllReduce"
 
 
+def runs_steps_inline(strategy, model) -> bool:
+    """True where the fixed multi-step loop replaces Keras's (#19246).
+
+    That is `steps_per_execution > 1` with collective all-reduce on one host
+    (`tfmemopt.distribute._multi_step` says why Keras's loop fails there).
+    Across workers the fix is not tested, so the clear error stays.
+    """
+    steps = getattr(model, "steps_per_execution", 1) or 1
+    return (
+        steps > 1
+        and uses_collective_ops(strategy)
+        and not in_multi_worker_mode(strategy)
+    )
+
+
 def check_steps_per_execution(strategy, model) -> None:
     """Raises ValueError where Keras's multi-step loop fails (#19246).
 
     Keras runs `steps_per_execution > 1` as a `tf.while_loop` with a `cond`
     around each step; collective all-reduces inside it fail at run time with
-    "You must feed a value for placeholder tensor". Reduction to one device
-    works, so the error says how to get it.
+    "You must feed a value for placeholder tensor". On one host the fixed
+    loop runs instead (`runs_steps_inline`); across workers this raises.
     """
     steps = getattr(model, "steps_per_execution", 1) or 1
     if steps <= 1 or not uses_collective_ops(strategy):
         return
+    if runs_steps_inline(strategy, model):
+        return
     raise ValueError(
         f"`steps_per_execution={steps}` does not work with Keras 3 under "
-        f"{type(strategy).__name__} with collective all-reduce "
+        f"{type(strategy).__name__} across several workers "
         "(keras-team/keras#19246: 'You must feed a value for placeholder "
-        "tensor'). On one host, create the strategy with "
-        "`cross_device_ops=tf.distribute.ReductionToOneDevice()` (or "
-        "`tfmemopt.distribute.auto_strategy(cross_device_ops="
-        "tf.distribute.ReductionToOneDevice())`); across workers, compile "
-        "with `steps_per_execution=1`."
+        "tensor'). Compile with `steps_per_execution=1` for multi-worker "
+        "training; on one host, MirroredStrategy runs it (also with "
+        "`cross_device_ops=tf.distribute.ReductionToOneDevice()`)."
     )
 
 
