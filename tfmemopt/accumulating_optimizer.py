@@ -62,6 +62,10 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
             optimizer has `gradient_accumulation_steps`, is a
             `LossScaleOptimizer` or an `AccumulatingOptimizer`, or a base
             optimizer argument (e.g. `clipnorm`) is passed to the wrapper.
+            When a model compiled with `jit_compile=True` builds or calls
+            it under `MirroredStrategy` on two or more CPU devices (Keras
+            fails there with or without the wrapper; see
+            `docs/accumulating_optimizer.md`).
         TypeError: `inner_optimizer` is not a Keras optimizer.
 
     Example:
@@ -108,6 +112,7 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
     def build(self, var_list):
         if self.built:
             return
+        hooks.refuse_jit_on_mirrored_cpus()
         self._micro_step = self.add_variable(
             (),
             dtype="int32",
@@ -213,6 +218,8 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
                 "context (inside `strategy.run`), not in cross-replica "
                 "context."
             )
+        if tf.distribute.get_strategy().num_replicas_in_sync > 1:
+            hooks.refuse_jit_on_mirrored_cpus()
         grads = list(grads)
         if trainable_variables is None:
             if not self.built:
