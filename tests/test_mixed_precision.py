@@ -67,6 +67,9 @@ def test_context_manager_restores_previous_policy():
     assert keras.config.dtype_policy().name == "mixed_float16"
     assert inner.compute_dtype == "bfloat16"
     assert "bfloat16 is not native" in chosen.reason
+    assert "{'remapping': False}" in chosen.reason  # CPU scratch advice
+    with mp.configure("mixed_bfloat16", hardware="a100") as gpu:
+        assert "remapping" not in gpu.reason
 
 
 def test_restore_on_exception():

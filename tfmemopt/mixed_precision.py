@@ -312,6 +312,15 @@ def configure(policy: str = "auto", hardware=None) -> PrecisionConfig:
                 " bfloat16 is not native here: it saves activation memory "
                 "but may run slower than float32."
             )
+        if name == "mixed_bfloat16" and found.kind == "cpu":
+            reason += (
+                " On CPU it halves the activations kept for the backward "
+                "pass, but oneDNN's fused bfloat16 MatMul+BiasAdd kernel "
+                "takes a float32-sized scratch buffer per call, so the "
+                "step's peak shrinks less; "
+                "tf.config.optimizer.set_experimental_options("
+                "{'remapping': False}) avoids that buffer."
+            )
         if name == "mixed_float16":
             reason += (
                 " float16 needs loss scaling: `compile()` adds it; a custom "
