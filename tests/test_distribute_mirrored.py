@@ -174,26 +174,3 @@ def test_plain_keras_steps_per_execution_still_fails_with_collectives(
     err = results["keras_model_spe_4"]["error"]
     # (cut to 600 characters: "Detected at node while/cond/Placeholder_1")
     assert "InvalidArgumentError" in err and "cond/Placeholder" in err, err
-
-
-def test_multi_worker_steps_per_execution_says_what_to_do(monkeypatch):
-    # Across workers the fixed loop is not used (untested there): the check
-    # that fit makes must stop with an error that says what to change.
-    import keras
-
-    from tfmemopt.distribute import _keras_fixes
-
-    monkeypatch.setattr(_keras_fixes, "uses_collective_ops", lambda s: True)
-    monkeypatch.setattr(
-        _keras_fixes, "in_multi_worker_mode", lambda s=None: True
-    )
-    model = keras.Sequential([keras.layers.Dense(1)])
-    model.compile("sgd", "mse", steps_per_execution=4)
-    assert not _keras_fixes.runs_steps_inline(object(), model)
-    with pytest.raises(ValueError, match="steps_per_execution=1"):
-        _keras_fixes.check_steps_per_execution(object(), model)
-    monkeypatch.setattr(
-        _keras_fixes, "in_multi_worker_mode", lambda s=None: False
-    )
-    assert _keras_fixes.runs_steps_inline(object(), model)
-    _keras_fixes.check_steps_per_execution(object(), model)  # one host: ok

@@ -12,9 +12,9 @@ tensorflow/tensorflow#72388):
    which fails on scalar logs ("Invalid reduction dimension 0"). We give each
    log a leading axis of length 1 inside the replica; the reduce then returns
    the mean over replicas as a scalar, which is what Keras meant.
-3. `steps_per_execution > 1` fails under collective all-reduce
-   (keras-team/keras#19246). On one host the mixin runs its own multi-step
-   loop (`_multi_step.py`); across workers it raises a clear error.
+3. `steps_per_execution > 1` fails under collective all-reduce, on one host
+   or several (keras-team/keras#19246). The mixin then runs its own
+   multi-step loop (`_multi_step.py`).
 
 `MultiWorkerFitFixes` is a mixin for `keras.Model` subclasses; `expand_logs`
 is the hook a custom `train_step` calls on what it returns.
@@ -110,10 +110,9 @@ class MultiWorkerFitFixes:
         strategy = self.distribute_strategy
         if runs_steps_inline(strategy, self):
             self.train_function = make_multi_step_function(
-                self, self.train_step
+                self, self.train_step, in_multi_worker_mode(strategy)
             )
             return self.train_function
-        check_steps_per_execution(strategy, self)
         return super().make_train_function(force=force)
 
 
@@ -130,39 +129,12 @@ def uses_collective_ops(strategy) -> bool:
 def runs_steps_inline(strategy, model) -> bool:
     """True where the fixed multi-step loop replaces Keras's (#19246).
 
-    That is `steps_per_execution > 1` with collective all-reduce on one host
-    (`tfmemopt.distribute._multi_step` says why Keras's loop fails there).
-    Across workers the fix is not tested, so the clear error stays.
+    That is `steps_per_execution > 1` with collective all-reduce, on one host
+    or several (`tfmemopt.distribute._multi_step` says why Keras's loop fails
+    there). Elsewhere Keras's own loop works and runs.
     """
     steps = getattr(model, "steps_per_execution", 1) or 1
-    return (
-        steps > 1
-        and uses_collective_ops(strategy)
-        and not in_multi_worker_mode(strategy)
-    )
-
-
-def check_steps_per_execution(strategy, model) -> None:
-    """Raises ValueError where Keras's multi-step loop fails (#19246).
-
-    Keras runs `steps_per_execution > 1` as a `tf.while_loop` with a `cond`
-    around each step; collective all-reduces inside it fail at run time with
-    "You must feed a value for placeholder tensor". On one host the fixed
-    loop runs instead (`runs_steps_inline`); across workers this raises.
-    """
-    steps = getattr(model, "steps_per_execution", 1) or 1
-    if steps <= 1 or not uses_collective_ops(strategy):
-        return
-    if runs_steps_inline(strategy, model):
-        return
-    raise ValueError(
-        f"`steps_per_execution={steps}` does not work with Keras 3 under "
-        f"{type(strategy).__name__} across several workers "
-        "(keras-team/keras#19246: 'You must feed a value for placeholder "
-        "tensor'). Compile with `steps_per_execution=1` for multi-worker "
-        "training; on one host, MirroredStrategy runs it (also with "
-        "`cross_device_ops=tf.distribute.ReductionToOneDevice()`)."
-    )
+    return steps > 1 and uses_collective_ops(strategy)
 
 
 def fixed_keras_model_class(base=keras.Model):

@@ -1,4 +1,4 @@
-"""`steps_per_execution > 1` under MirroredStrategy with collective ops.
+"""`steps_per_execution > 1` under collective all-reduce strategies.
 
 Keras 3 runs several steps per call as a `tf.while_loop` over
 `iterator.get_next_as_optional()` with a `tf.cond` around each step, and each
@@ -23,10 +23,12 @@ from __future__ import annotations
 import tensorflow as tf
 
 
-def _reduce_mean(values, strategy):
-    """Keras's `reduce_per_replica(..., "mean")` on one host."""
+def _reduce_mean(values, strategy, multi_worker):
+    """Keras's `reduce_per_replica(..., "mean")` (a cross-worker mean)."""
 
     def _reduce(v):
+        if multi_worker:
+            return strategy.reduce("MEAN", v, axis=0)
         if isinstance(v, tf.distribute.DistributedValues):
             local = strategy.experimental_local_results(v)
             return tf.reduce_mean(tf.stack(local), axis=0)
@@ -42,13 +44,15 @@ def _without_optionals(data):
     )
 
 
-def make_multi_step_function(model, step_function):
+def make_multi_step_function(model, step_function, multi_worker=False):
     """Keras's train function for `steps_per_execution > 1`, step inline.
 
     Args:
         model: The compiled `keras.Model` (its `steps_per_execution`,
             `distribute_strategy` and `run_eagerly` are read).
         step_function: Callable taking one replica's batch (`train_step`).
+        multi_worker: Bool, defaults to `False`. Whether the strategy spans
+            several workers: the logs are then averaged over all of them.
 
     Returns:
         A function of a distributed iterator that runs up to
@@ -61,7 +65,7 @@ def make_multi_step_function(model, step_function):
     def one_step(data):
         data = _without_optionals(data)
         outputs = strategy.run(step_function, args=(data,))
-        return _reduce_mean(outputs, strategy)
+        return _reduce_mean(outputs, strategy, multi_worker)
 
     def multi_step(iterator):
         empty = tf.experimental.Optional.empty(None)
