@@ -227,6 +227,18 @@ def test_enable_auto_segments_dense_stack():
     np.testing.assert_allclose(np.asarray(model(x)), before, atol=1e-6)
 
 
+def test_auto_gives_each_transformer_block_its_own_segment():
+    # A block keeps far more activations inside than at its output: 'auto'
+    # counts the weighted layers inside it, so sqrt(N) <= one block.
+    keras.utils.set_random_seed(2)
+    x = inp = keras.Input((6, 16))
+    for i in range(4):
+        x = Block(rate=0.0, name=f"b{i}")(x)
+    model = keras.Model(inp, keras.layers.Dense(1)(x))
+    report = tfmemopt.enable_checkpointing(model, "auto")
+    assert report.segments[:4] == [["b0"], ["b1"], ["b2"], ["b3"]]
+
+
 class Net(keras.Model):
     def __init__(self):
         super().__init__()

@@ -122,6 +122,21 @@ def chain_cuts(model) -> list[int] | None:
     return cuts
 
 
+def weighted_layers(op) -> int:
+    """How many layers with weights `op` is: itself, or those inside it."""
+    if not getattr(op, "weights", None):
+        return 0
+    inner = getattr(op, "_flatten_layers", None)
+    if inner is None:
+        return 1
+    leaves = [
+        x
+        for x in inner(include_self=False, recursive=True)
+        if x.weights and not is_composite(x)
+    ]
+    return max(1, len(leaves))
+
+
 def auto_segments(model) -> list[tuple[int, int]] | None:
     """`(start, stop)` ranges of `top_level(model)`, about sqrt(N) long.
 
@@ -129,13 +144,17 @@ def auto_segments(model) -> list[tuple[int, int]] | None:
     whole model saves nothing either (PITFALLS.md): about sqrt(N) layers per
     segment keeps the fewest activations, measured +30% step time for 16
     layers. Only layers with weights count towards N (activations and
-    reshapes ride along with their neighbours).
+    reshapes ride along with their neighbours), and a composite layer
+    counts the weighted layers inside it: a transformer block keeps far
+    more activations inside than at its output, so a stack of them gets
+    one block per segment, not sqrt(blocks) blocks (0.56x -> 0.26x peak on
+    the benchmark's 6-block transformer).
     """
     ops = top_level(model)
     cuts = chain_cuts(model)
     if cuts is None:
         return None
-    weighted = [1 if getattr(op, "weights", None) else 0 for op in ops]
+    weighted = [weighted_layers(op) for op in ops]
     n = max(sum(weighted), 1)
     target = max(2, round(math.sqrt(n)))
     segments, start, count = [], 0, 0
