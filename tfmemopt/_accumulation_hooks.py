@@ -153,6 +153,32 @@ def original_non_finite_handler(outer):
     return outer.__dict__[_ORIGINAL]
 
 
+def accumulate(accumulator, grad, weight=None) -> None:
+    """Adds `grad` (times `weight`) to `accumulator` in place.
+
+    `keras.Variable.assign_add` reads, adds into a new gradient-sized
+    buffer and assigns it; the underlying `tf.Variable`'s `assign_add` is
+    one in-place `AssignAddVariableOp`, and `scatter_add` adds only the
+    rows of a sparse (`tf.IndexedSlices`) gradient (replica-local
+    `ON_READ` variables have no `scatter_add`: there it is added densely).
+    """
+    target = accumulator.value
+    if isinstance(grad, tf.IndexedSlices) and isinstance(
+        target, tf.distribute.DistributedValues
+    ):
+        grad = tf.convert_to_tensor(grad)
+    if isinstance(grad, tf.IndexedSlices):
+        values = tf.cast(grad.values, "float32")
+        if weight is not None:
+            values = values * weight
+        target.scatter_add(
+            tf.IndexedSlices(values, grad.indices, grad.dense_shape)
+        )
+        return
+    grad = tf.cast(grad, "float32")
+    target.assign_add(grad if weight is None else grad * weight)
+
+
 def local_values(strategy, variable):
     """Each replica's local value of a (possibly) replica-local variable."""
     value = variable.value if isinstance(variable, keras.Variable) else variable

@@ -246,10 +246,7 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
         accumulators = []
         for grad, variable in pairs:
             acc = self._accumulators[self._get_variable_index(variable)]
-            if isinstance(grad, tf.IndexedSlices):
-                grad = tf.convert_to_tensor(grad)
-            grad = tf.cast(grad, "float32")
-            acc.assign_add(grad if num_items is None else grad * weight)
+            hooks.accumulate(acc, grad, None if num_items is None else weight)
             accumulators.append(acc)
         self._item_count.assign_add(weight)
         variables = [v for _, v in pairs]
