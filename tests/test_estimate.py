@@ -268,17 +268,33 @@ def test_replicas_split_the_global_batch():
     assert two.optimizer_state == one.optimizer_state
 
 
-def test_lstm_is_counted_by_rule_without_warning():
-    inp = keras.Input((20, 8))
-    model = keras.Model(inp, keras.layers.Dense(1)(keras.layers.LSTM(16)(inp)))
+def test_lstm_loop_is_sized_from_its_accumulators():
+    T, F, U, B = 20, 8, 16, 32
+    inp = keras.Input((T, F))
+    model = keras.Model(inp, keras.layers.Dense(1)(keras.layers.LSTM(U)(inp)))
     import warnings
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        est = estimate_memory(model, 32)
-    # At least the hidden states of every time step are kept.
-    assert est.activations >= 20 * 32 * 16 * F32
-    assert any("lstm" in n and "time steps" in n for n in est.notes)
+        est = estimate_memory(model, B)
+    # Keras's tape: per time step the four gate activations, tanh(c), the
+    # previous h and c, and the step's input twice (its accumulator and
+    # the unstacked input list); plus the one-element output list.
+    per_step = (7 * U + 2 * F) * B * F32
+    assert dict(est.layers)["lstm"] == T * per_step + B * U * F32 + 8
+    assert not any("time steps" in n for n in est.notes)  # no rule needed
+    # tfmemopt's persistent tape: every intermediate of the loop body and a
+    # zero-filled copy of each list, weights read per step included.
+    tfm = estimate_memory(model, B, trainer="tfmemopt")
+    assert tfm.settings["trainer"] == "tfmemopt"
+    weights = (F * 4 * U + U * 4 * U) * F32
+    assert tfm.total - est.total >= T * weights
+
+
+def test_unknown_trainer_is_refused():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    with pytest.raises(ValueError, match="trainer='keras'"):
+        estimate_memory(model, 8, trainer="jax")
 
 
 class _LoopLayer(keras.layers.Layer):
@@ -362,23 +378,27 @@ def test_exposed_and_documented():
 
 
 @pytest.mark.slow
-def test_estimate_tracks_the_measured_peak():
-    """A few benchmark cases, loose bound: the estimator cannot drift."""
+@pytest.mark.parametrize(
+    "name, variant, batch",
+    [
+        ("mlp", "base", 4096),
+        ("cnn", "base", 64),
+        ("cnn", "mixed_bfloat16", 64),  # BatchNorm stays float32
+        ("lstm", "base", 128),  # the loop's lists, tfmemopt's tape
+    ],
+)
+def test_estimate_tracks_the_measured_peak(name, variant, batch):
+    """Benchmark cases, loose bound: the estimator cannot drift."""
     rows = run_in_subprocess(
-        """
+        f"""
         import sys
         sys.path.insert(0, "benchmarks")
         import estimator_accuracy as bench
-        bench.MODELS["mlp"] = (512, 4096)
-        bench.MODELS["cnn"] = (64,)
-        rows = bench.run_model("mlp", quick=True)
-        rows += bench.run_model("cnn", quick=True)
-        emit([[r["model"], r["batch"], r["measured"], r["estimate"]]
-              for r in rows])
+        rows = bench.run_model({name!r}, [({variant!r}, {batch})])
+        emit([[r["measured"], r["estimate"]] for r in rows])
         """,
         n_cpus=1,
     )
-    assert len(rows) == 3
-    for name, batch, measured, estimate in rows:
-        assert measured > 0
-        assert abs(estimate - measured) / measured <= 0.35, (name, batch)
+    [(measured, estimate)] = rows
+    assert measured > 0
+    assert abs(estimate - measured) / measured <= 0.35

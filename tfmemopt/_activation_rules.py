@@ -12,9 +12,14 @@ from __future__ import annotations
 import math
 import warnings
 
-# Per time step and sample, in units of the layer's width: kept gates,
-# cell/hidden states and their activations (plus the step's input).
-_RNN_FACTORS = {"LSTM": 12, "GRU": 9, "SimpleRNN": 3}
+# Fallback where a recurrent layer's loop cannot be sized from the graph
+# (`_while_loops` sizes Keras's generic loop itself). Per time step and
+# sample, in units of the layer's width: what `while_v2` accumulates for
+# Keras's gradient tape (traced, Keras 3.15 / TF 2.21). LSTM: the four gate
+# activations, tanh(c), the previous h and c; GRU: 6; SimpleRNN: the
+# previous h and the new one. Plus twice the step's input (its accumulator
+# and the unstacked input list).
+_RNN_FACTORS = {"LSTM": 7, "GRU": 6, "SimpleRNN": 2}
 
 
 def _segments(units, every):
@@ -111,7 +116,7 @@ def unknown_layers(model, step, itemsize, batch):
         if kind in _RNN_FACTORS and in_shape and len(in_shape) == 3:
             steps, features = in_shape[1], in_shape[2]
             units = getattr(layer, "units", None) or layer.cell.units
-            per_step = _RNN_FACTORS[kind] * units + features
+            per_step = _RNN_FACTORS[kind] * units + 2 * features
             n = batch * steps * per_step * itemsize
             notes.append(f"{name} ({kind}): {steps} time steps counted by rule")
         else:

@@ -23,6 +23,8 @@ import re
 import keras
 import tensorflow as tf
 
+from tfmemopt._while_loops import while_loop_sizes
+
 # Ops whose output shares its input's buffer.
 _ALIAS = {
     "Identity",
@@ -181,7 +183,10 @@ def _loss_and_target_specs(model, batch_size, in_specs):
 
 
 def trace_step(
-    model, batch_size: int, activation_itemsize: int | None = None
+    model,
+    batch_size: int,
+    activation_itemsize: int | None = None,
+    persistent: bool = False,
 ) -> StepGraph:
     """Traces one training step of `model` at `batch_size` and measures it.
 
@@ -192,13 +197,17 @@ def trace_step(
         activation_itemsize: optional Int: bytes per element of the
             model's floating activations (and their gradients) under another
             dtype policy; weight gradients and the loss keep their dtype.
+        persistent: Bool, trace with a persistent `tf.GradientTape`, as
+            `tfmemopt.Model`'s train step does. Then `while_v2` keeps every
+            intermediate of a loop body per iteration, not only those the
+            gradient reads (an LSTM step: about 4x the memory).
     """
     in_specs = input_specs(model, batch_size)
     loss_fn, y_specs = _loss_and_target_specs(model, batch_size, in_specs)
     mark = {}
 
     def step(x, y):
-        with tf.GradientTape() as tape:
+        with tf.GradientTape(persistent=persistent) as tape:
             pred = model(x[0] if len(x) == 1 else x, training=True)
             preds = pred if isinstance(pred, (list, tuple)) else [pred]
             loss = 0.0
@@ -228,15 +237,26 @@ def trace_step(
     compute = tf.as_dtype(keras.backend.standardize_dtype(model.compute_dtype))
     scopes = (model_scope + "/", "gradient_tape/" + str(model_scope) + "/")
 
-    def scale(t):
+    def scale(t, dtype=None):
         if (
             activation_itemsize is None
-            or t.dtype != compute
+            or (dtype or t.dtype) != compute
             or t.name in out_names
             or not t.op.name.startswith(scopes)
         ):
             return 1.0
-        return activation_itemsize / t.dtype.size
+        return activation_itemsize / (dtype or t.dtype).size
+
+    # TensorLists of while loops (recurrent layers): sized from the loop.
+    lists, aliases = while_loop_sizes(ops, concrete.graph.as_graph_def())
+
+    def size_of(t):
+        while t.name in aliases:  # a loop's pass-through list
+            t = concrete.graph.get_tensor_by_name(aliases[t.name])
+        if t.name in lists:
+            n, dtype, shared = lists[t.name]
+            return 0 if shared else int(n * scale(t, dtype))
+        return _nbytes(t, scale)
 
     # Forward tensors read by gradient ops: the activations kept.
     saved = {}
@@ -251,7 +271,7 @@ def trace_step(
     saved_by_layer = []
     for t in saved.values():
         path = path_of(t.op.name)
-        n = _nbytes(t, scale)
+        n = size_of(t)
         if n is None:
             label = "/".join(path[1:]) or t.op.name
             if label not in unknown and t.dtype == tf.variant:
@@ -261,11 +281,11 @@ def trace_step(
     segments = {}
     for depth in (1, 2):
         segments[depth] = _units_at(
-            depth, ops[:n_fwd], model_scope, path_of, saved_by_layer, scale
+            depth, ops[:n_fwd], model_scope, path_of, saved_by_layer, size_of
         )
 
     outputs = list(concrete.graph.outputs)
-    peak = _simulate(ops, outputs, scale)
+    peak = _simulate(ops, outputs, size_of, aliases)
     inputs = sum(_nbytes(s_to_t) or 0 for s_to_t in concrete.graph.inputs)
     grads = sum(_nbytes(t, None) or 0 for t in outputs)
     sparse_rows = {}
@@ -286,7 +306,7 @@ def trace_step(
     )
 
 
-def _units_at(depth, fwd_ops, model_scope, path_of, saved_by_layer, scale):
+def _units_at(depth, fwd_ops, model_scope, path_of, saved_by_layer, size_of):
     """Layers at `depth` below the model, in order, with saved/output bytes."""
     units, saved, outputs = [], {}, {}
     if model_scope is None:
@@ -306,7 +326,7 @@ def _units_at(depth, fwd_ops, model_scope, path_of, saved_by_layer, scale):
             src = path_of(t.op.name)[1 : depth + 1]
             if len(src) == depth and src != unit and src in outputs:
                 if t.op.type not in _FREE and t.op.type != "Placeholder":
-                    n = _nbytes(t, scale) or 0
+                    n = size_of(t) or 0
                     outputs[src] = max(outputs[src], n)
     for path, n in saved_by_layer:
         if tuple(path[:depth]) in saved:
@@ -314,8 +334,12 @@ def _units_at(depth, fwd_ops, model_scope, path_of, saved_by_layer, scale):
     return units, saved, outputs
 
 
-def _simulate(ops, outputs, scale) -> int:
-    """Peak live bytes when `ops` run in order, freeing after last use."""
+def _simulate(ops, outputs, size_of, aliases) -> int:
+    """Peak live bytes when `ops` run in order, freeing after last use.
+
+    `aliases` maps a tensor to the tensor whose buffer it shares (a while
+    loop's pass-through TensorLists), besides the ops in `_ALIAS`.
+    """
     last = {}
     for i, op in enumerate(ops):
         for t in op.inputs:
@@ -327,15 +351,18 @@ def _simulate(ops, outputs, scale) -> int:
         for t in op.outputs:
             if t.name not in last and t.name not in keep:
                 continue
-            if op.type in _ALIAS and op.inputs:
-                src = buffer_of.get(op.inputs[0].name)
+            shared = aliases.get(t.name)
+            if shared is None and op.type in _ALIAS and op.inputs:
+                shared = op.inputs[0].name
+            if shared is not None:
+                src = buffer_of.get(shared)
                 if src is not None:
                     buffer_of[t.name] = src
                     holders[src].add(t.name)
                     continue
             if op.type in _FREE:
                 continue
-            n = _nbytes(t, scale) or 0
+            n = size_of(t) or 0
             buffer_of[t.name] = t.name
             size[t.name] = n
             holders[t.name] = {t.name}

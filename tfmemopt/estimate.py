@@ -20,6 +20,7 @@ from tfmemopt._activation_rules import unknown_layers
 from tfmemopt._optimizer_state import _itemsize
 from tfmemopt._optimizer_state import optimizer_state_bytes
 from tfmemopt._optimizer_state import resolve_optimizer
+from tfmemopt._policy_clone import rebuilt_under
 from tfmemopt._step_graph import trace_step
 
 _FIELDS = (
@@ -176,6 +177,7 @@ def estimate_memory(
     accumulation_steps: int = 1,
     checkpointing=None,
     replicas: int = 1,
+    trainer: str | None = None,
 ) -> MemoryEstimate:
     """Estimates the peak memory of one training step, per device.
 
@@ -207,6 +209,14 @@ def estimate_memory(
             Int (layers per segment).
         replicas: Int, defaults to `1`: data-parallel replicas sharing the
             global batch.
+        trainer: `None` (`"tfmemopt"` for a `tfmemopt.Model` or
+            `accumulation_steps > 1`, else `"keras"`), `"keras"` (Keras's
+            own `fit` step) or `"tfmemopt"` (`tfmemopt.Model`'s step). They
+            differ for layers with a while loop (LSTM, GRU): tfmemopt's
+            persistent gradient tape makes TensorFlow keep every
+            intermediate of the loop per time step and start the backward
+            pass from zero-filled copies of those lists (about 4x an LSTM's
+            memory); Keras's tape keeps only what the gradient reads.
 
     Returns:
         A `MemoryEstimate` (bytes per field, `.total`, `.table()`,
@@ -232,6 +242,16 @@ def estimate_memory(
     _positive_int("batch_size", batch_size)
     _positive_int("accumulation_steps", accumulation_steps)
     _positive_int("replicas", replicas)
+    if trainer is None:
+        from tfmemopt.model import Model
+
+        tfm = isinstance(model, Model) or accumulation_steps > 1
+        trainer = "tfmemopt" if tfm else "keras"
+    if trainer not in ("keras", "tfmemopt"):
+        raise ValueError(
+            f"Unknown trainer {trainer!r}. Expected None, 'keras' or "
+            "'tfmemopt'. Fix: pass trainer='keras' for `keras.Model.fit`."
+        )
     dtype_policy = _resolve_policy(policy, model)
     ckpt = _check_checkpointing(checkpointing)
     opt, opt_source = resolve_optimizer(optimizer, model)
@@ -249,10 +269,17 @@ def estimate_memory(
         return n * _itemsize(v.dtype)
 
     # Trace first: a subclassed model may create its weights on first call.
+    # Another policy: trace the model rebuilt under it (Keras keeps some
+    # activations float32), else scale the float32 activations.
+    traced = model
+    if dtype_policy.name != model.dtype_policy.name:
+        traced = rebuilt_under(model, dtype_policy.name) or model
+    rescale = compute != model_compute and traced is model
     step = trace_step(
-        model,
+        traced,
         micro,
-        activation_itemsize=compute if compute != model_compute else None,
+        activation_itemsize=compute if rescale else None,
+        persistent=trainer == "tfmemopt",
     )
     trainable = model.trainable_weights
     params = sum(weight_bytes(v) for v in model.weights)
@@ -270,9 +297,15 @@ def estimate_memory(
 
     notes = [f"optimizer: {opt_how} ({opt_source})"]
     activations = step.saved
-    unknown_bytes, unknown_notes = unknown_layers(model, step, compute, micro)
+    unknown_bytes, unknown_notes = unknown_layers(traced, step, compute, micro)
     notes += unknown_notes
-    if compute < variable:
+    if traced is not model:
+        notes.append(
+            f"{dtype_policy.name}: traced the model rebuilt under the policy "
+            "(float32 weights, gradients and optimizer state; the layers "
+            "Keras runs in float32 keep float32 activations)"
+        )
+    elif rescale and compute < variable:
         # The 16-bit copies of the weights read by the backward pass.
         casts = sum(
             math.prod(v.shape) * compute
@@ -286,7 +319,7 @@ def estimate_memory(
         )
     temporaries = max(0, step.peak - step.saved - step.gradients - step.inputs)
     if ckpt is not None:
-        kept, n_segments, _ = checkpointed_activations(step, ckpt, model)
+        kept, n_segments, _ = checkpointed_activations(step, ckpt, traced)
         notes.append(
             f"checkpointing {ckpt!r}: {n_segments} segments; boundaries "
             "plus the largest segment (recomputed) kept"
@@ -341,6 +374,7 @@ def estimate_memory(
             "accumulation_steps": accumulation_steps,
             "checkpointing": ckpt,
             "replicas": replicas,
+            "trainer": trainer,
         },
         layers=sorted(layers.items(), key=lambda kv: -kv[1]),
         notes=notes,

@@ -1,0 +1,193 @@
+"""Bytes held by the `tf.while_loop`s of a traced step (recurrent layers).
+
+Keras's recurrent layers (LSTM, GRU, SimpleRNN, and any layer built on
+`keras.layers.RNN`) run a `tf.while_loop` on TensorFlow when cuDNN is not
+used. Their tensors are TensorLists (`variant` dtype, no static size), so
+they are sized here from the mechanism:
+
+- For the backward pass, `while_v2` keeps one copy per iteration of every
+  forward tensor that the gradient of the loop body reads: it pushes them
+  onto accumulators (`EmptyTensorList` with a static element shape once the
+  batch is fixed) that become outputs of the forward `While` op and are
+  popped by the gradient `While` op. For an LSTM cell these are the step's
+  input, the previous h and c, the four gate activations and tanh(c).
+  A pushed *variable read* shares the variable's buffer and costs nothing;
+  a pushed cast of it (a 16-bit copy of the kernel under a mixed policy)
+  is a new tensor each step.
+- TensorArrays are TensorLists too: `TensorListFromTensor` (the unstacked
+  inputs) copies its input, one allocation per element;
+  `TensorListReserve` (the outputs) is filled by the loop, one element per
+  step for `return_sequences=True`, one in all otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+
+import tensorflow as tf
+
+_WHILE = ("While", "StatelessWhile")
+_CALLS = ("StatefulPartitionedCall", "PartitionedCall")
+
+
+def _static(t):
+    try:
+        return tf.get_static_value(t)
+    except (TypeError, ValueError):  # pragma: no cover - defensive
+        return None
+
+
+def _element_bytes(list_op):
+    """Bytes of one element of a TensorList created by `list_op`, or None."""
+    shape = _static(list_op.inputs[0])
+    if shape is None or shape.ndim != 1:  # -1: rank unknown
+        return None
+    dims = [int(d) for d in shape.tolist()]  # [] for scalars
+    if any(d < 0 for d in dims):
+        return None
+    dtype = tf.as_dtype(list_op.get_attr("element_dtype"))
+    return math.prod(dims) * dtype.size, dtype
+
+
+def _pushed_op_types(body_name, library):
+    """Loop-variable index -> op type of the tensor the body pushes on it."""
+    body = library.get(body_name)
+    if body is None:
+        return {}
+    args = {a.name: i for i, a in enumerate(body.signature.input_arg)}
+    types = {n.name: n.op for n in body.node_def}
+    out = {}
+    for node in body.node_def:
+        if node.op != "TensorListPushBack" or len(node.input) < 2:
+            continue
+        index = args.get(node.input[0].split(":")[0])
+        if index is not None:
+            out[index] = types.get(node.input[1].split(":")[0], "")
+    return out
+
+
+def _iterations(op, known):
+    """Static trip count of a `While` op, or None."""
+    found = []
+    for t in op.inputs:
+        src = t.op
+        if src.type == "TensorListReserve":
+            n = _static(src.inputs[1])
+            if n is not None and int(n) > 0:
+                found.append(int(n))
+        elif src.type == "TensorListFromTensor":
+            dims = src.inputs[0].shape.as_list() if src.inputs else []
+            if dims and dims[0] is not None:
+                found.append(int(dims[0]))
+        elif src.name in known:
+            found.append(known[src.name])
+    return max(found) if found else None
+
+
+def while_loop_sizes(ops, graph_def):
+    """Sizes of the TensorLists in `ops` (a traced step, in graph order).
+
+    Returns:
+        `(sizes, aliases)`: `sizes` maps a variant tensor's name to
+        `(bytes, element dtype, shared)` for the lists that hold memory
+        (`shared`: the elements are a variable's buffer, no memory of their
+        own); `aliases`
+        maps a `While` output to the input list it passes through.
+    """
+    library = {f.signature.name: f for f in graph_def.library.function}
+    sizes, aliases, trips = {}, {}, {}
+    for op in ops:
+        if op.type == "TensorListFromTensor":
+            t = op.inputs[0]
+            if t.shape.is_fully_defined():
+                n = math.prod(t.shape.as_list()) * t.dtype.size
+                sizes[op.outputs[0].name] = (n, t.dtype, False)
+            continue
+        if op.type == "ZerosLike" and op.inputs[0].name in sizes:
+            # The gradient of a TensorList starts as zeros of its elements:
+            # new tensors, also where the list shares a variable's buffer.
+            n, dtype, _ = sizes[op.inputs[0].name]
+            sizes[op.outputs[0].name] = (n, dtype, False)
+            continue
+        if op.type in _CALLS:
+            try:
+                fdef = library.get(op.get_attr("f").name)
+            except (ValueError, AttributeError):
+                fdef = None
+            n_iter = _iterations(op, trips) if fdef is not None else None
+            if n_iter is not None:
+                _node_lists(op, fdef, library, n_iter, sizes, aliases)
+            continue
+        if op.type not in _WHILE:
+            continue
+        n_iter = _iterations(op, trips)
+        if n_iter is None:
+            continue
+        trips[op.name] = n_iter
+        pushed = _pushed_op_types(op.get_attr("body").name, library)
+        for i, out in enumerate(op.outputs):
+            if out.dtype != tf.variant or i >= len(op.inputs):
+                continue
+            src = op.inputs[i].op
+            if src.type == "EmptyTensorList":
+                elem = _element_bytes(src)
+                if elem is None:
+                    continue
+                shared = pushed.get(i) == "ReadVariableOp"
+                sizes[out.name] = (elem[0] * n_iter, elem[1], shared)
+            elif src.type == "TensorListReserve":
+                elem = _element_bytes(src)
+                filled = _static(src.inputs[1])
+                if elem is None or filled is None:
+                    continue
+                sizes[out.name] = (elem[0] * int(filled), elem[1], False)
+            else:
+                aliases[out.name] = op.inputs[i].name
+    return sizes, aliases
+
+
+def _node_lists(call, fdef, library, n_iter, sizes, aliases):
+    """Sizes the TensorLists a function call returns from a loop inside it.
+
+    With a persistent tape, TensorFlow runs a differentiated while loop
+    inside a forward function that returns the loop's accumulators.
+    """
+    nodes = {n.name: n for n in fdef.node_def}
+    args = {a.name: i for i, a in enumerate(fdef.signature.input_arg)}
+    for j, arg in enumerate(fdef.signature.output_arg):
+        ref = fdef.ret.get(arg.name, "").split(":")
+        node = nodes.get(ref[0])
+        while node is not None and node.op == "Identity" and node.input:
+            ref = node.input[0].split(":")
+            node = nodes.get(ref[0])
+        if node is None or node.op not in _WHILE or len(ref) < 3:
+            continue
+        k = int(ref[2])
+        pushed = _pushed_op_types(node.attr["body"].func.name, library)
+        if k >= len(node.input):
+            continue
+        name = node.input[k].split(":")[0]
+        if name in args and args[name] < len(call.inputs):  # pass-through
+            outer = call.inputs[args[name]]
+            if outer.op.type == "TensorListReserve":  # filled by the loop
+                elem = _element_bytes(outer.op)
+                filled = _static(outer.op.inputs[1])
+                if elem is not None and filled is not None:
+                    n = elem[0] * int(filled)
+                    sizes[call.outputs[j].name] = (n, elem[1], False)
+            else:
+                aliases[call.outputs[j].name] = outer.name
+            continue
+        src = nodes.get(name)
+        if src is None or src.op != "EmptyTensorList":
+            continue
+        shape = nodes.get(src.input[0].split(":")[0])
+        if shape is None or shape.op != "Const":
+            continue
+        dims = tf.make_ndarray(shape.attr["value"].tensor)
+        if dims.ndim != 1 or any(int(d) < 0 for d in dims.tolist()):
+            continue
+        dtype = tf.as_dtype(src.attr["element_dtype"].type)
+        n = math.prod(int(d) for d in dims.tolist()) * dtype.size * n_iter
+        shared = pushed.get(k) == "ReadVariableOp"
+        sizes[call.outputs[j].name] = (n, dtype, shared)
