@@ -1,4 +1,4 @@
-"""The table of benchmarks/estimator_accuracy.py, and its CPU-specific rows."""
+"""The table of benchmarks/estimator_accuracy.py."""
 
 from __future__ import annotations
 
@@ -7,38 +7,34 @@ import statistics
 MIB = 2**20
 
 
-# Cases where the CPU itself, not the estimate, sets the measured peak. They
-# are measured and shown, and summarised apart; the estimator models what an
-# accelerator does and is not bent towards them.
-CPU_SPECIFIC = {
-    "bf16": (
-        "no 16-bit kernels on this CPU (oneDNN has none without AVX-512; "
-        "TensorFlow falls back to Eigen, which computes in float32 "
-        "temporaries), so the measured mixed_bfloat16 peak is not the 2-byte "
-        "model's, which is what accelerators with 16-bit kernels do: see the "
-        "`/ base` column ({bf16_range} of the float32 step outside the "
-        "LSTM), no rule that would make a principled CPU correction"
-    ),
-    "rnn": (
-        "CPU allocator: oneDNN's allocator statistics do not count "
-        "allocations below 256 KiB (measured by hand: a 255 KiB tensor adds "
-        "0 to `current`, a 256 KiB one adds 256 KiB); the LSTM's while loop "
-        "allocates one time step at a time (states of batch x 128 floats: "
-        "64 KiB at batch 128; gates of batch x 512 floats reach 256 KiB only "
-        "at batch 128), so much of its memory is invisible to the "
-        "measurement and its peaks jump with the batch"
-    ),
-}
-
-
-def cpu_specific(row):
-    """The CPU_SPECIFIC keys that explain `row` (", "-joined), or None."""
-    tags = []
-    if row["model"] == "lstm":
-        tags.append("rnn")
-    if row["variant"] == "mixed_bfloat16":
-        tags.append("bf16")
-    return ", ".join(tags) or None
+# What the measurement can and cannot see (measured by hand, see
+# estimator_accuracy.py); printed under the table.
+NOTES = (
+    "Allocator statistics: oneDNN's CPU allocator does not count "
+    "allocations below 256 KiB (a 255 KiB tensor adds 0 to `current`, a "
+    "256 KiB one 256 KiB), and it counts whole chunks (a 3 MiB tensor "
+    "placed in a freed 4 MiB chunk adds 4 MiB), so a peak depends on what "
+    "ran before in the process: each case runs in a fresh process (the "
+    "mlp's mixed_bfloat16 step at batch 2048 measured 54.6 to 66.7 MiB "
+    "after different earlier cases in one process; 80.5 MiB in the "
+    "previous run of this table).",
+    "LSTM: 32 steps of 512 features, 512 units, batches 128/512/1024, so "
+    "that every per-step tensor (batch x 512) is >= 256 KiB at every batch, "
+    "in the micro-batches of 128 of the accumulation case and in bfloat16 "
+    "at batch 512; the measurement sees them. The estimate sizes the "
+    "TensorLists that `while_v2` keeps per time step. tfmemopt.Model's "
+    "train step uses a persistent gradient tape, so TensorFlow keeps every "
+    "intermediate of the loop body and starts the backward loop from "
+    "zero-filled copies of every list (the kernels read at each step "
+    "included): its LSTM step needs about 4x Keras's own step.",
+    "mixed_bfloat16: estimated on the model rebuilt under the policy. "
+    "Keras keeps BatchNormalization, LayerNormalization, Embedding lookups "
+    "and the loss in float32 and the gradient of each cast is a cast: "
+    "these float32 copies, not CPU kernels, are why a BatchNorm CNN or an "
+    "embedding model saves little (single bfloat16 ops on this CPU, "
+    "MatMul, Conv2D and their gradients, allocate no float32 temporaries "
+    "through the allocator).",
+)
 
 
 def _summary(errors):
@@ -57,7 +53,7 @@ def write_table(rows, models):
     from _report import table
     from _report import write_section
 
-    body, errors, general, special = [], [], [], []
+    body, errors, per_model = [], [], {}
     base = {
         (r["model"], r["batch"]): r["measured"]
         for r in rows
@@ -65,7 +61,6 @@ def write_table(rows, models):
     }
     for r in rows:
         m = r["measured"]
-        tag = cpu_specific(r)
         if not m:
             body.append(
                 [r["model"], r["variant"], r["batch"]]
@@ -75,13 +70,10 @@ def write_table(rows, models):
             continue
         err = (r["estimate"] - m) / m
         errors.append(abs(err))
-        (general if tag is None else special).append(abs(err))
+        per_model.setdefault(r["model"], []).append(abs(err))
         spread = (max(r["peaks"]) - min(r["peaks"])) / m
         f32 = base.get((r["model"], r["batch"]))
         ratio = f"{m / f32:.2f}" if f32 and r["variant"] != "base" else ""
-        note = f"CPU-specific ({tag})" if tag else ""
-        if r["error"]:
-            note = f"{note} {r['error']}".strip()
         body.append(
             [
                 r["model"],
@@ -92,7 +84,7 @@ def write_table(rows, models):
                 f"{err:+.1%}",
                 f"{spread:.0%}",
                 ratio,
-                note,
+                r["error"] or "",
             ]
         )
     missing = [m for m in models if m not in {r["model"] for r in rows}]
@@ -102,26 +94,12 @@ def write_table(rows, models):
             if missing
             else ""
         )
-        + f"- **Excluding the CPU-specific cases** (below): "
-        f"{_summary(general)}.\n"
-        f"- All cases, CPU-specific ones included: {_summary(errors)}.\n"
-        f"- CPU-specific cases alone: {_summary(special)}.\n"
+        + f"- **All cases**: {_summary(errors)}.\n"
+        + "".join(
+            f"- {name}: {_summary(errs)}.\n" for name, errs in per_model.items()
+        )
     )
-    ratios = [
-        r["measured"] / base[(r["model"], r["batch"])]
-        for r in rows
-        if r["variant"] == "mixed_bfloat16"
-        and r["model"] != "lstm"
-        and r["measured"]
-        and base.get((r["model"], r["batch"]))
-    ]
-    bf16_range = (
-        f"{min(ratios):.2f}x to {max(ratios):.2f}x" if ratios else "n/a"
-    )
-    notes = "".join(
-        f"- CPU-specific ({k}): {v.format(bf16_range=bf16_range)}.\n"
-        for k, v in CPU_SPECIFIC.items()
-    )
+    notes = "".join(f"- {n}\n" for n in NOTES)
     small = {}
     for r in rows:
         for n in r["breakdown"].get("notes", []):
@@ -141,10 +119,12 @@ def write_table(rows, models):
         "Estimated total against the measured peak of one training step "
         "(CPU allocator via oneDNN, median of 3 steps after a warm-up, above "
         "the usage before the model was built; Adam; `tfmemopt.Model`, "
-        "micro-batches strictly one at a time). Variants at the middle batch "
-        "size. `spread`: range of the 3 peaks; `/ base`: the variant's "
-        "measured peak over the plain float32 step at the same batch. "
-        "Measured on a shared 2-core machine, other jobs running.\n\n"
+        "micro-batches strictly one at a time; estimated with "
+        "`trainer='tfmemopt'`). One fresh process per case. Variants at the "
+        "middle batch size. `spread`: range of the 3 peaks; `/ base`: the "
+        "variant's measured peak over the plain float32 step at the same "
+        "batch. Memory only: the machine's load (shared, other jobs "
+        "running) does not change these numbers.\n\n"
         + summary
         + "\n"
         + notes

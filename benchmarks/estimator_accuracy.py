@@ -132,7 +132,8 @@ def run_model(name, cases):
     statistics count whole chunks, so a tensor placed in a larger chunk
     that an earlier case freed counts the chunk (measured: a 3 MiB tensor
     in a freed 4 MiB chunk adds 4 MiB), and peaks depend on what ran
-    before (mlp, mixed_bfloat16, batch 2048: 54.6 to 80.5 MiB).
+    before (mlp, mixed_bfloat16, batch 2048: 54.6 to 66.7 MiB after
+    different earlier cases).
     """
     import keras
     import numpy as np

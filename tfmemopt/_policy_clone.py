@@ -31,8 +31,6 @@ def _swap(config, old: str, new: str):
             and value.get("config", {}).get("name") == old
         ):
             value = dict(value, config=dict(value["config"], name=new))
-        elif key == "dtype" and value == old:
-            value = new
         out[key] = _swap(value, old, new)
     return out
 

@@ -188,8 +188,16 @@ def estimate_memory(
     costs a trace of the model, seconds, and no activation memory). Mixed
     precision, checkpointing, accumulation and replicas are modelled:
 
-    - a 16-bit policy shrinks activations and adds 16-bit copies of the
-      weights; weights, gradients and optimizer slots stay float32;
+    - another dtype policy: the model is rebuilt under it (functional and
+      Sequential models, weights not copied) and that graph is traced, so
+      the layers Keras keeps in float32 under a mixed policy
+      (BatchNormalization, LayerNormalization, Embedding lookups, the loss)
+      and the casts and their gradients are counted; a subclassed model's
+      activations are scaled to the policy's itemsize instead, plus 16-bit
+      weight copies. Weights, gradients and optimizer slots stay float32;
+    - recurrent layers (any `tf.while_loop`): the TensorLists that
+      TensorFlow keeps per time step for the backward pass are sized from
+      the loop; `trainer` says which gradient tape runs the step;
     - checkpointing keeps only segment boundaries plus the largest segment
       (recomputed in the backward pass);
     - accumulation traces one micro-batch and adds float32 accumulators;
