@@ -194,29 +194,41 @@ def _enable_segments(model, segments, report, state):
             if isinstance(op, keras.layers.Layer)
         ]
         reasons = [r for r in reasons if r]
+        needed = []
         if isinstance(model, keras.Sequential):
             sub = list(ops[start:stop])
         else:
-            inputs = model.input if k == 0 else ops[start - 1].output
+            inputs = model.input
+            if k:
+                # The boundary, plus model inputs used here (a mask).
+                needed = policies.segment_inputs(model, start, stop)
+                boundary = ops[start - 1].output
+                inputs = [boundary] + [model.inputs[j] for j in needed]
+                inputs = inputs if needed else boundary
             last = k == len(segments) - 1
             outputs = model.output if last else ops[stop - 1].output
             sub = keras.Model(inputs, outputs, name=f"{model.name}_seg{k}")
         if reasons:
             _skip(report, "+".join(names), reasons[0])
-            stages.extend(sub if isinstance(sub, list) else [sub])
+            sub = sub if isinstance(sub, list) else [sub]
+            stages.extend((layer, needed) for layer in sub)
         else:
-            stages.append(CheckpointBlock(sub, name=f"{model.name}_ckpt{k}"))
+            block = CheckpointBlock(sub, name=f"{model.name}_ckpt{k}")
+            stages.append((block, needed))
             report.segments.append(names)
 
     def call(inputs, training=None, mask=None, **kwargs):
+        flat = keras.tree.flatten(inputs)
         x = inputs
-        for stage in stages:
+        for stage, needed in stages:
+            if needed:
+                x = [x] + [flat[j] for j in needed]
             x = stage(x, training=training)
         return x
 
     object.__setattr__(model, "call", call)
     state["model_call"] = True
-    state["stages"] = stages
+    state["stages"] = [stage for stage, _ in stages]
     report.mode = "segments"
 
 

@@ -97,8 +97,11 @@ def chain_cuts(model) -> list[int] | None:
 
     A cut after operation `i` is a single tensor through which everything
     computed later depends on what came before: the place a segment can
-    end. `None` when the graph cannot be read (a shared layer, a subclassed
-    model).
+    end. The model's inputs do not count (they stay alive for the whole
+    step anyway, and a later segment takes the ones it needs, such as a
+    padding mask), and the cut tensor must not itself be a model output
+    (all outputs come from the last segment). `None` when the graph cannot
+    be read (a shared layer, a subclassed model).
     """
     ops = top_level(model)
     if not ops:
@@ -114,12 +117,18 @@ def chain_cuts(model) -> list[int] | None:
     cuts = []
     for i in range(len(ops) - 1):
         produced = {t for o in outs[: i + 1] for t in o}
-        produced |= {id(t) for t in keras.tree.flatten(model.inputs)}
         later = {t for j in range(i + 1, len(ops)) for t in ins[j]}
         live = (produced & later) | (produced & final)
-        if len(outs[i]) == 1 and live == {outs[i][0]}:
+        if len(outs[i]) == 1 and live == {outs[i][0]} - final:
             cuts.append(i)
     return cuts
+
+
+def segment_inputs(model, start: int, stop: int) -> list[int]:
+    """Indices in `model.inputs` that operations `start:stop` consume."""
+    ops = top_level(model)[start:stop]
+    used = {id(t) for op in ops for t in keras.tree.flatten(op.input)}
+    return [j for j, t in enumerate(model.inputs) if id(t) in used]
 
 
 def weighted_layers(op) -> int:
