@@ -4,7 +4,7 @@ Side by side in one process, default TensorFlow settings: no checkpointing,
 tfmemopt per block and "auto", a plain `tf.recompute_grad` wrapper, and
 `keras.RematScope` modes. Peaks are CPU:0 allocator peaks above the
 baseline (oneDNN allocator, TF_ENABLE_ONEDNN_OPTS=1), medians of REPEAT
-steps; times are medians of REPEAT steps.
+steps; wall and CPU times in ROUNDS interleaved rounds (env variables).
 Run: python benchmarks/checkpointing.py
 """
 
@@ -30,6 +30,8 @@ from tfmemopt.memory import MIB  # noqa: E402
 from tfmemopt.memory import measure_peak  # noqa: E402
 
 REPEAT = int(os.environ.get("REPEAT", "3"))
+ROUNDS = int(os.environ.get("ROUNDS", "8"))
+STEPS = int(os.environ.get("STEPS", "2"))
 
 
 class PreLNBlock(keras.layers.Layer):
@@ -77,23 +79,38 @@ def dense_stack():
     )
 
 
-def measure(build, x, y, batch):
-    """(peak MiB, step seconds) medians, or the error's first line."""
+def prepare(build, x, y, batch):
+    """(model, train function, iterator) after one traced step, or the
+    error's first line."""
     try:
         model = build()
         model.compile(keras.optimizers.SGD(1e-4), "mse")
         model.fit(x, y, batch_size=batch, epochs=1, verbose=0)
-        peaks, times = [], []
-        for _ in range(REPEAT):
-            start = time.perf_counter()
-            peak, _ = measure_peak(
-                lambda: model.fit(x, y, batch_size=batch, verbose=0)
-            )
-            times.append(time.perf_counter() - start)
-            peaks.append(peak / MIB)
-        return median(peaks), median(times)
+        data = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch)
+        iterator = iter(data.repeat())
+        step = model.make_train_function()
+        step(iterator)
+        return model, step, iterator
     except Exception as e:  # noqa: BLE001 - recorded in the table
-        return None, f"{type(e).__name__}: {str(e).splitlines()[0][:90]}"
+        return f"{type(e).__name__}: {str(e).splitlines()[0][:90]}"
+
+
+def step_peak(model, x, y, batch):
+    """Peak MiB of one `fit` step above what was held before it."""
+    peak, _ = measure_peak(lambda: model.fit(x, y, batch_size=batch, verbose=0))
+    return peak / MIB
+
+
+def timed(step, iterator):
+    """(wall s, process CPU s) per step, over STEPS steps."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    for _ in range(STEPS):
+        out = step(iterator)
+    float(out["loss"])
+    return (
+        (time.perf_counter() - wall) / STEPS,
+        (time.process_time() - cpu) / STEPS,
+    )
 
 
 def remat(mode, build):
@@ -114,24 +131,48 @@ def enabled(build, policy):
 
 
 def rows_for(cases, x, y, batch):
-    results = {}
-    for name, fn in cases:
-        results[name] = measure(fn, x, y, batch)
-        print(name, results[name], flush=True)
-    base_peak, base_time = results[cases[0][0]]
+    """Peaks one variant at a time; times in interleaved rounds.
+
+    Each round times every variant once, in turn, so load from other jobs
+    falls on all of them alike; a ratio is the median over rounds of the
+    variant's time over the baseline's time in the same round. CPU time is
+    the process's (both cores), which other jobs disturb far less than
+    wall time.
+    """
+    ready = {name: prepare(fn, x, y, batch) for name, fn in cases}
+    live = [n for n, _ in cases if not isinstance(ready[n], str)]
+    peaks = {n: [] for n in live}
+    for _ in range(REPEAT):
+        for n in live:
+            peaks[n].append(step_peak(ready[n][0], x, y, batch))
+    walls = {n: [] for n in live}
+    cpus = {n: [] for n in live}
+    for r in range(ROUNDS):
+        for n in live:
+            w, c = timed(*ready[n][1:])
+            walls[n].append(w)
+            cpus[n].append(c)
+        print(f"round {r}", {n: round(walls[n][-1], 2) for n in live})
+    base = live[0]
     rows = []
     for name, _ in cases:
-        peak, t = results[name]
-        if peak is None:
-            rows.append([name, "crash", "-", "-", "-", t])
+        if name not in live:
+            rows.append([name, "crash", "-", "-", "-", "-", "-", ready[name]])
             continue
+
+        def ratio(series):
+            return median(a / b for a, b in zip(series[name], series[base]))
+
+        peak = median(peaks[name])
         rows.append(
             [
                 name,
                 f"{peak:.0f}",
-                f"{peak / base_peak:.2f}x",
-                f"{t:.2f}",
-                f"{t / base_time:.2f}x",
+                f"{peak / median(peaks[base]):.2f}x",
+                f"{median(walls[name]):.2f}",
+                f"{ratio(walls):.2f}x",
+                f"{median(cpus[name]):.2f}",
+                f"{ratio(cpus):.2f}x",
                 "",
             ]
         )
@@ -144,10 +185,13 @@ def main():
         "variant",
         "peak MiB",
         "peak ratio",
-        "step s",
-        "time ratio",
+        "step s (wall)",
+        "wall ratio",
+        "step s (CPU)",
+        "CPU ratio",
         "note",
     ]
+    load_before = os.getloadavg()
     rng = np.random.RandomState(0)
     x = rng.randn(16, 256, 256).astype("float32")
     y = np.ones((16, 256, 1), "float32")
@@ -178,20 +222,29 @@ def main():
         ("keras.RematScope('full')", remat("full", dense_stack)),
     ]
     d_rows = rows_for(d_cases, xd, yd, 8192)
+    load_after = os.getloadavg()
+    load = (
+        f"1-minute load average {load_before[0]:.1f} before, "
+        f"{load_after[0]:.1f} after (2 cores; 2.0 would be this job alone)"
+    )
     body = (
         "## Activation checkpointing (`benchmarks/checkpointing.py`)\n\n"
-        "Graph-mode `model.fit`, default TensorFlow settings (grappler on, "
-        "nothing changed by tfmemopt), SGD. Peak: CPU:0 allocator peak "
-        f"above the baseline, median of {REPEAT} steps; step time median of "
-        f"{REPEAT} steps. Timings taken on a shared machine under load "
-        "(about 7 other engineers running TensorFlow): read the ratios, "
-        "not the seconds.\n\n"
+        "Graph-mode training step (the train function `fit` runs), default "
+        "TensorFlow settings (grappler on, nothing changed by tfmemopt), "
+        "SGD. Peak: CPU:0 allocator peak of one `fit` step above what was "
+        f"held before, median of {REPEAT}. Step time: {ROUNDS} interleaved "
+        f"rounds of {STEPS} steps per variant; seconds are medians, ratios "
+        "are medians over rounds of the variant's time over the baseline's "
+        "in the same round. CPU is the process's CPU time (both cores); "
+        "wall time also measures how much of the machine other jobs left "
+        f"us. Shared machine: {load}. Read the CPU ratios first.\n\n"
         "6-block pre-LayerNorm transformer (batch 16, sequence 256, width "
         "256, 4 heads, FFN 1024, GELU):\n\n"
         + table(headers, t_rows)
         + "\n\n16 x Dense(512, relu), batch 8192:\n\n"
         + table(headers, d_rows)
     )
+    print(body, flush=True)  # kept in the log if the file write races
     write_section("checkpointing", body)
 
 
