@@ -248,7 +248,7 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
             acc = self._accumulators[self._get_variable_index(variable)]
             hooks.accumulate(acc, grad, None if num_items is None else weight)
             accumulators.append(acc)
-        self._item_count.assign_add(weight)
+        self._item_count.value.assign_add(weight)
         variables = [v for _, v in pairs]
         tf.distribute.get_replica_context().merge_call(
             self._end_micro_step, args=(accumulators, variables)
@@ -256,12 +256,9 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
 
     def _end_micro_step(self, strategy, accumulators, variables):
         """Cross-replica: count the micro-step, apply at the window's end."""
-        self._micro_step.assign_add(1)
+        self._micro_step.value.assign_add(1)
 
         def finish():
-            ok = ops.equal(self._skip_window, 0)
-            if self._outer_loss_scale is not None:
-                ok = ops.logical_and(ok, hooks.all_finite(strategy, self))
             normaliser = hooks.local_sum(strategy, self._item_count) / (
                 strategy.num_replicas_in_sync
             )
@@ -272,7 +269,16 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
                     args=(accumulators, variables, normaliser),
                 )
 
-            ops.cond(ok, apply_window, self._on_bad_window)
+            if self._outer_loss_scale is None:
+                # Only the loss scale optimizer skips windows; a second
+                # `cond` would switch every captured input once more.
+                apply_window()
+            else:
+                ok = ops.logical_and(
+                    ops.equal(self._skip_window, 0),
+                    hooks.all_finite(strategy, self),
+                )
+                ops.cond(ok, apply_window, self._on_bad_window)
             self._reset_window()
 
         ops.cond(
