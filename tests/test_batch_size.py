@@ -6,6 +6,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import run_in_subprocess
 
 import tfmemopt
 from tfmemopt import _search
@@ -189,7 +190,6 @@ def test_budget_search_on_cpu_leaves_the_model_unchanged():
         large = runner.run(512)[0]
     assert large > small + 10 * 2**20, (small, large)  # activations dominate
     budget = (small + large) // 2  # lands between 64 and 512
-    base = memory.device_memory("CPU:0")["current"]
 
     results = {}
     for mode in ("binsearch", "power"):
@@ -215,11 +215,76 @@ def test_budget_search_on_cpu_leaves_the_model_unchanged():
     after = state(model)
     assert all(np.array_equal(a, b) for a, b in zip(before, after))
     assert int(model.optimizer.iterations.numpy()) == iterations
-    now = memory.device_memory("CPU:0")["current"]
-    assert now <= base * 1.05 + 2**20, (base, now)
     s = found.suggest(4 * found.batch_size)
     assert s.global_batch_size == 4 * found.batch_size
     assert "| batch | peak MiB | fits |" in found.table()
+
+
+_GIVES_MEMORY_BACK = """
+import gc
+import keras
+import numpy as np
+import tfmemopt
+from tfmemopt import memory
+from tfmemopt._trials import variable_bytes
+
+class OOMAbove(keras.layers.Layer):
+    def call(self, x):
+        if x.shape[0] is not None and x.shape[0] > 24:
+            raise tf.errors.ResourceExhaustedError(None, None, "OOM")
+        return x
+
+# 48 MiB of weights, 144 MiB with Adam's slots, in 36 tensors of 4 MiB:
+# above the 256 KiB under which oneDNN's allocator keeps no statistics,
+# and each under 5 % of the state, so that 5 % catches a leaked set of
+# gradients or slots. (With a few 16 MiB tensors, the bytes in use after
+# plain `fit` alone were seen 15.75 MiB above the live tensors.)
+inputs = keras.Input((1024,))
+h = OOMAbove()(inputs)
+for _ in range(12):
+    h = keras.layers.Dense(1024, activation="tanh")(h)
+model = keras.Model(inputs, keras.layers.Dense(1)(h))
+model.compile(optimizer="adam", loss="mse")
+rng = np.random.default_rng(0)
+x = rng.normal(size=(32, 1024)).astype("float32")
+y = rng.normal(size=(32, 1)).astype("float32")
+model.fit(x, y, batch_size=16, verbose=0)
+big = [
+    v for v in model.variables + model.optimizer.variables
+    if variable_bytes([v]) >= 2**18
+]
+
+def in_use():
+    gc.collect()
+    return memory.device_memory("CPU:0")["current"]
+
+runs = []
+for mode in ("binsearch", "power"):
+    before = in_use()
+    found = tfmemopt.find_batch_size(
+        model, (x, y), mode=mode, memory_budget="4GiB", max_batch_size=32,
+        multiple_of=8, margin=0.0, steps_per_trial=1, verbose=0,
+    )
+    runs.append([found.batch_size, len(found.trials), before, in_use()])
+emit({"runs": runs, "state": variable_bytes(big)})
+"""
+
+
+@needs_stats
+@pytest.mark.slow
+def test_search_gives_the_device_memory_back():
+    # A fresh process: the allocator's free lists hold nothing from other
+    # tests. Every trial measures its peak (a budget is given), one runs
+    # out of memory.
+    out = run_in_subprocess(_GIVES_MEMORY_BACK, n_cpus=1)
+    assert out["state"] >= 140 * 2**20
+    for batch, n_trials, before, after in out["runs"]:
+        assert (batch, n_trials) == (24, 4)  # 8, 16, 32 (OOM), 24
+        # Nothing of the trials stays allocated, and the restored
+        # variables are still in the device's memory (counted), not in
+        # buffers adopted from host arrays.
+        assert abs(after - before) <= 0.05 * before, out
+        assert after >= out["state"], out
 
 
 @needs_stats

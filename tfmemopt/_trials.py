@@ -110,6 +110,25 @@ def _state_variables(model):
     return out
 
 
+def _assign_in_place(variable, value) -> None:
+    """Copies `value` into the buffer `variable` already has.
+
+    `variable.assign(array)` may instead adopt the buffer of the tensor
+    made from `array` (TensorFlow forwards an input it holds the only
+    reference to). On CPU that buffer can lie outside the allocator whose
+    statistics are read: after a search, 132 MiB were counted for a
+    144 MiB state. A slice assignment writes in place, so after the
+    search the device memory in use is what it was before it.
+    """
+    target = getattr(variable, "value", variable)
+    if isinstance(target, tf.Variable) and not isinstance(
+        target, tf.distribute.DistributedValues
+    ):
+        target[...].assign(value)
+    else:
+        variable.assign(value)
+
+
 class TrialRunner:
     """Runs trial steps on `model` and restores it (a context manager).
 
@@ -159,7 +178,7 @@ class TrialRunner:
 
     def restore(self):
         for v, value in zip(self._variables, self._saved):
-            v.assign(value)
+            _assign_in_place(v, value)
 
     def __exit__(self, *exc):
         self.restore()
