@@ -224,7 +224,8 @@ def estimate_memory(
             persistent gradient tape makes TensorFlow keep every
             intermediate of the loop per time step and start the backward
             pass from zero-filled copies of those lists (about 4x an LSTM's
-            memory); Keras's tape keeps only what the gradient reads.
+            memory); Keras's tape keeps only what the gradient reads, and
+            so do checkpointed segments (recomputed under their own tape).
 
     Returns:
         A `MemoryEstimate` (bytes per field, `.total`, `.table()`,
@@ -287,7 +288,10 @@ def estimate_memory(
         traced,
         micro,
         activation_itemsize=compute if rescale else None,
-        persistent=trainer == "tfmemopt",
+        # A checkpointed segment is recomputed and differentiated under its
+        # own, non-persistent tape (checkpointing/_recompute.py): a loop in
+        # it keeps what Keras's tape keeps.
+        persistent=trainer == "tfmemopt" and ckpt is None,
     )
     trainable = model.trainable_weights
     params = sum(weight_bytes(v) for v in model.weights)
