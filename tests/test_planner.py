@@ -99,7 +99,8 @@ def test_replicas_and_accumulation_keep_the_global_batch():
 
 @needs_stats
 @pytest.mark.slow
-def test_transformer_at_2_5x_the_budget_fits_when_applied():
+@pytest.mark.parametrize("verify", [False, True])
+def test_transformer_at_2_5x_the_budget_fits_when_applied(verify):
     model = transformer()
     rng = np.random.default_rng(0)
     x = rng.normal(size=(64, 64, 64)).astype("float32")
@@ -107,18 +108,31 @@ def test_transformer_at_2_5x_the_budget_fits_when_applied():
     with TrialRunner(model, (x, y), steps=1) as runner:
         plain = runner.run(64)[0]
     budget = int(plain / 2.5)
-    p = tfmemopt.plan(model, 64, budget, verify=True, data=(x, y))
+    p = tfmemopt.plan(model, 64, budget, verify=verify, data=(x, y))
     assert p.micro_batch_size * p.accumulation_steps * p.replicas == 64
-    assert p.measured_peak is not None and p.measured_peak <= budget
+    assert p.accumulation_steps > 1 or p.checkpointing is not None
+    assert (p.measured_peak is not None) == verify
     applied = p.apply(model)
     assert isinstance(applied, tfmemopt.Model)
     assert applied.accumulation_steps == p.accumulation_steps
     with TrialRunner(applied, (x, y), steps=2) as runner:
         measured = runner.run(64)[0]
-    # Peaks vary between identical runs: allow 10 % over the budget.
-    assert measured <= budget * 1.10, (plain, budget, measured, str(p))
+    assert measured <= budget, (plain, budget, measured, str(p))
     history = applied.fit(x, y, batch_size=64, epochs=1, verbose=0)
     assert np.isfinite(history.history["loss"][0])
+
+
+def test_margin_keeps_room_for_the_estimators_error():
+    model = transformer(seq=32)
+    whole = tfmemopt.estimate_memory(model, 64).total
+    # Just enough for the whole batch: without a margin it is planned...
+    p = tfmemopt.plan(model, 64, whole, allow=("accumulation",), margin=0.0)
+    assert p.accumulation_steps == 1
+    # ... with one, the batch is split (the estimate may be low).
+    p = tfmemopt.plan(model, 64, whole, allow=("accumulation",))
+    assert p.accumulation_steps > 1 and p.estimated_peak <= 0.85 * whole
+    with pytest.raises(ValueError, match="`margin` must be a fraction"):
+        tfmemopt.plan(model, 64, whole, margin=1.0)
 
 
 def test_apply_mixed_precision_keeps_weights_and_float32_outputs():
