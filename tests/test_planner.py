@@ -183,6 +183,20 @@ def test_cli_plan(tmp_path, capsys):
     )
     assert "global batch 64" in capsys.readouterr().out
     code = cli.main(
+        ["plan", path, "--batch-size", "64", "--memory", "1GiB", "--json"]
+        + ["--margin", "0.5"]
+    )
+    assert code == 0
+    assert '"memory_budget": 1073741824' in capsys.readouterr().out
+    assert (
+        cli.main(
+            ["plan", path, "--batch-size", "8", "--memory", "1GiB"]
+            + ["--margin", "1"]
+        )
+        == 2
+    )
+    assert "`margin` must be a fraction" in capsys.readouterr().err
+    code = cli.main(
         ["plan", path, "--batch-size", "64", "--memory", "1KiB", "--json"]
     )
     assert code == 2

@@ -139,6 +139,12 @@ def _plan_arguments(parser):
     parser.add_argument("--replicas", type=int, default=1)
     parser.add_argument("--multiple-of", type=int, default=8)
     parser.add_argument(
+        "--margin",
+        type=float,
+        default=0.15,
+        help="fraction of the budget kept free for the estimator's error",
+    )
+    parser.add_argument(
         "--allow",
         default="accumulation,checkpointing,mixed_precision",
         help="comma-separated techniques the plan may use",
@@ -166,6 +172,7 @@ def _plan(args) -> int:
             allow=allow,
             replicas=args.replicas,
             multiple_of=args.multiple_of,
+            margin=args.margin,
         )
     except (ValueError, TypeError) as e:
         print(f"tfmemopt plan: {e}", file=sys.stderr)
