@@ -268,35 +268,6 @@ def test_replicas_split_the_global_batch():
     assert two.optimizer_state == one.optimizer_state
 
 
-def test_lstm_loop_is_sized_from_its_accumulators():
-    T, F, U, B = 20, 8, 16, 32
-    inp = keras.Input((T, F))
-    model = keras.Model(inp, keras.layers.Dense(1)(keras.layers.LSTM(U)(inp)))
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        est = estimate_memory(model, B)
-    # Keras's tape: per time step the four gate activations, tanh(c), the
-    # previous h and c, and the step's input twice (its accumulator and
-    # the unstacked input list); plus the one-element output list.
-    per_step = (7 * U + 2 * F) * B * F32
-    assert dict(est.layers)["lstm"] == T * per_step + B * U * F32 + 8
-    assert not any("time steps" in n for n in est.notes)  # no rule needed
-    # tfmemopt's persistent tape: every intermediate of the loop body and a
-    # zero-filled copy of each list, weights read per step included.
-    tfm = estimate_memory(model, B, trainer="tfmemopt")
-    assert tfm.settings["trainer"] == "tfmemopt"
-    weights = (F * 4 * U + U * 4 * U) * F32
-    assert tfm.total - est.total >= T * weights
-
-
-def test_unknown_trainer_is_refused():
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
-    with pytest.raises(ValueError, match="trainer='keras'"):
-        estimate_memory(model, 8, trainer="jax")
-
-
 class _LoopLayer(keras.layers.Layer):
     """Keeps its per-step tensors in a while loop: sizes the graph hides."""
 
@@ -402,24 +373,3 @@ def test_estimate_tracks_the_measured_peak(name, variant, batch):
     [(measured, estimate)] = rows
     assert measured > 0
     assert abs(estimate - measured) / measured <= 0.35
-
-
-def _bn_model():
-    inp = keras.Input((64,))
-    x = keras.layers.Dense(256)(inp)
-    x = keras.layers.BatchNormalization()(x)
-    return keras.Model(inp, keras.layers.Dense(4)(x))
-
-
-def test_policy_is_traced_on_the_model_rebuilt_under_it():
-    plain = _bn_model()
-    est = estimate_memory(plain, 512, policy="mixed_bfloat16")
-    with tfmemopt.mixed_precision.configure("mixed_bfloat16"):
-        native = _bn_model()
-    direct = estimate_memory(native, 512)
-    assert est.total == direct.total
-    assert any("rebuilt under the policy" in n for n in est.notes)
-    # BatchNorm computes in float32: its [512, 256] float32 input copy is
-    # kept, so the activations are not half of float32's.
-    f32 = estimate_memory(plain, 512)
-    assert est.activations > 0.5 * f32.activations + 512 * 256 * F32 / 2

@@ -1,0 +1,37 @@
+"""Recurrent layers' while loops in the estimator (tfmemopt/_while_loops.py)."""
+
+import keras
+import pytest
+
+from tfmemopt import estimate_memory
+
+F32 = 4
+
+
+def test_lstm_loop_is_sized_from_its_accumulators():
+    T, F, U, B = 20, 8, 16, 32
+    inp = keras.Input((T, F))
+    model = keras.Model(inp, keras.layers.Dense(1)(keras.layers.LSTM(U)(inp)))
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        est = estimate_memory(model, B)
+    # Keras's tape: per time step the four gate activations, tanh(c), the
+    # previous h and c, and the step's input twice (its accumulator and
+    # the unstacked input list); plus the one-element output list.
+    per_step = (7 * U + 2 * F) * B * F32
+    assert dict(est.layers)["lstm"] == T * per_step + B * U * F32 + 8
+    assert not any("time steps" in n for n in est.notes)  # no rule needed
+    # tfmemopt's persistent tape: every intermediate of the loop body and a
+    # zero-filled copy of each list, weights read per step included.
+    tfm = estimate_memory(model, B, trainer="tfmemopt")
+    assert tfm.settings["trainer"] == "tfmemopt"
+    weights = (F * 4 * U + U * 4 * U) * F32
+    assert tfm.total - est.total >= T * weights
+
+
+def test_unknown_trainer_is_refused():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    with pytest.raises(ValueError, match="trainer='keras'"):
+        estimate_memory(model, 8, trainer="jax")
