@@ -81,7 +81,9 @@ def test_oom_report_around_keras_fit_plans_what_fits():
     x, y = data()
     full = tfmemopt.estimate_memory(model, 64)
     state = full.parameters + full.gradients + full.optimizer_state
-    budget = state + (full.total - state) // 2
+    # Below the whole batch's estimate, above what the plan's margin
+    # (0.15 of the budget) leaves for a split batch.
+    budget = state + 3 * (full.total - state) // 4
     with pytest.raises(OutOfMemoryError) as e:
         with tfmemopt.oom_report(model, batch_size=64, memory_budget=budget):
             model.fit(x, y, batch_size=64, verbose=0)
@@ -91,7 +93,7 @@ def test_oom_report_around_keras_fit_plans_what_fits():
     assert plan.global_batch_size == 64
     assert plan.micro_batch_size * plan.accumulation_steps == 64
     assert plan.accumulation_steps > 1
-    assert plan.estimated_peak <= budget
+    assert plan.estimated_peak <= 0.85 * budget < full.total
     assert "plan that would fit" in str(e.value)
     assert "accumulation_steps=" in str(e.value)
     assert e.value.__cause__ is not None  # raised from TensorFlow's error
