@@ -221,6 +221,63 @@ def test_loss_scale_optimizer_skips_whole_window():
     assert float(lso.dynamic_scale) == 4.0
 
 
+@pytest.mark.parametrize("bad", [0, 3])
+def test_window_after_skipped_window_starts_clean(bad):
+    """A non-finite first or last micro-step: the window is skipped, the
+    stale accumulator is overwritten (not added to) by the next window."""
+    w = keras.Variable(np.ones(2, "float32"))
+    lso = keras.optimizers.LossScaleOptimizer(
+        AccumulatingOptimizer(keras.optimizers.SGD(0.5), 4), initial_scale=2.0
+    )
+    acc = lso.inner_optimizer
+
+    @tf.function
+    def step(g):
+        lso.apply_gradients([(g, w)])
+
+    window = [[2.0, 4.0], [6.0, 2.0], [2.0, 2.0], [4.0, 8.0]]
+    window[bad] = [np.nan, 0.0]
+    for g in window:
+        step(tf.constant(g, "float32"))
+    np.testing.assert_array_equal(w.numpy(), [1.0, 1.0])
+    assert int(acc.micro_step) == 0 and float(lso.dynamic_scale) == 1.0
+    step(tf.constant([3.0, 1.0]))
+    np.testing.assert_array_equal(acc._accumulators[0].numpy(), [3.0, 1.0])
+    for g in [[1.0, 3.0], [0.0, 0.0], [0.0, 0.0]]:
+        step(tf.constant(g, "float32"))
+    # mean gradient [1, 1] at scale 1, lr 0.5
+    np.testing.assert_allclose(w.numpy(), [0.5, 0.5])
+    assert int(lso.iterations) == 1
+
+
+def test_checkpoint_mid_window_holds_partial_sum(tmp_path):
+    """The accumulators hold the window's partial sum (state that is
+    saved); a restored optimizer finishes the window exactly."""
+
+    def make():
+        w = keras.Variable(np.ones(2, "float32"))
+        opt = AccumulatingOptimizer(keras.optimizers.SGD(0.5), 4)
+        opt.build([w])
+        return w, opt, tf.train.Checkpoint(w=w, opt=opt)
+
+    w, opt, ckpt = make()
+    for _ in range(4):  # one full window leaves a stale partial sum
+        opt.apply_gradients([(tf.constant([9.0, 9.0]), w)])
+    for g in ([1.0, 2.0], [3.0, 0.0]):
+        opt.apply_gradients([(tf.constant(g), w)])
+    np.testing.assert_array_equal(opt._accumulators[0].numpy(), [4.0, 2.0])
+    path = ckpt.write(str(tmp_path / "ckpt"))
+    w2, opt2, ckpt2 = make()
+    ckpt2.read(path).assert_consumed()
+    assert int(opt2.micro_step) == 2
+    for g in ([0.0, 2.0], [0.0, 0.0]):
+        opt.apply_gradients([(tf.constant(g), w)])
+        opt2.apply_gradients([(tf.constant(g), w2)])
+    # w: 1 - 0.5 * 9 = -3.5, then mean [1, 1]: -4.0
+    np.testing.assert_allclose(w2.numpy(), [-4.0, -4.0])
+    np.testing.assert_array_equal(w2.numpy(), w.numpy())
+
+
 def test_loss_scale_wrapping_survives_config_round_trip():
     lso = keras.optimizers.LossScaleOptimizer(
         AccumulatingOptimizer(keras.optimizers.SGD(0.5), 4)

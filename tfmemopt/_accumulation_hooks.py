@@ -153,6 +153,26 @@ def original_non_finite_handler(outer):
     return outer.__dict__[_ORIGINAL]
 
 
+def densify_for(accumulator, grad):
+    """`grad`, dense where `accumulator` is replica-local (no scatter)."""
+    if isinstance(grad, tf.IndexedSlices) and isinstance(
+        accumulator.value, tf.distribute.DistributedValues
+    ):
+        return tf.convert_to_tensor(grad)
+    return grad
+
+
+def _weighted(grad, weight):
+    grad = tf.cast(tf.convert_to_tensor(grad), "float32")
+    return grad if weight is None else grad * weight
+
+
+def start(accumulator, grad, weight=None) -> None:
+    """Overwrites `accumulator` with `grad` (times `weight`): a window's
+    first micro-step, so the accumulators never need a zeroing pass."""
+    accumulator.value.assign(_weighted(grad, weight))
+
+
 def accumulate(accumulator, grad, weight=None) -> None:
     """Adds `grad` (times `weight`) to `accumulator` in place.
 
@@ -160,13 +180,9 @@ def accumulate(accumulator, grad, weight=None) -> None:
     buffer and assigns it; the underlying `tf.Variable`'s `assign_add` is
     one in-place `AssignAddVariableOp`, and `scatter_add` adds only the
     rows of a sparse (`tf.IndexedSlices`) gradient (replica-local
-    `ON_READ` variables have no `scatter_add`: there it is added densely).
+    `ON_READ` variables have no `scatter_add`: see `densify_for`).
     """
     target = accumulator.value
-    if isinstance(grad, tf.IndexedSlices) and isinstance(
-        target, tf.distribute.DistributedValues
-    ):
-        grad = tf.convert_to_tensor(grad)
     if isinstance(grad, tf.IndexedSlices):
         values = tf.cast(grad.values, "float32")
         if weight is not None:
@@ -175,15 +191,27 @@ def accumulate(accumulator, grad, weight=None) -> None:
             tf.IndexedSlices(values, grad.indices, grad.dense_shape)
         )
         return
-    grad = tf.cast(grad, "float32")
-    target.assign_add(grad if weight is None else grad * weight)
+    target.assign_add(_weighted(grad, weight))
+
+
+def window_sum(accumulator, grad, weight, window):
+    """The window's sum at its last micro-step, `accumulator + grad` (only
+    `grad` when the window has one micro-step), not written back: the next
+    window's first micro-step overwrites the accumulator. A sparse `grad`
+    is scattered into the accumulator, cheaper than densifying it."""
+    if not window:
+        return _weighted(grad, weight)
+    if isinstance(grad, tf.IndexedSlices):
+        accumulate(accumulator, grad, weight)
+        return tf.convert_to_tensor(accumulator.value)
+    return tf.convert_to_tensor(accumulator.value) + _weighted(grad, weight)
 
 
 def local_values(strategy, variable):
     """Each replica's local value of a (possibly) replica-local variable."""
     value = variable.value if isinstance(variable, keras.Variable) else variable
     return [
-        tf.convert_to_tensor(v)
+        v if isinstance(v, tf.IndexedSlices) else tf.convert_to_tensor(v)
         for v in strategy.experimental_local_results(value)
     ]
 
@@ -194,12 +222,14 @@ def local_sum(strategy, variable):
     return values[0] if len(values) == 1 else tf.add_n(values)
 
 
-def all_finite(strategy, accumulating):
-    """True when every replica's accumulated gradients are finite."""
+def all_finite(strategy, grads, accumulators):
+    """True when every replica's gradients and accumulators are finite."""
     flags = []
-    for acc in accumulating._accumulators:
-        for value in local_values(strategy, acc):
-            flags.append(ops.all(ops.isfinite(value)))
+    for value in list(grads) + list(accumulators):
+        for local in local_values(strategy, value):
+            if isinstance(local, tf.IndexedSlices):
+                local = local.values
+            flags.append(ops.all(ops.isfinite(local)))
     return ops.all(ops.stack(flags))
 
 

@@ -238,60 +238,94 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
         ]
         if not pairs:
             raise ValueError("No gradients provided for any variable.")
-        weight = (
-            tf.constant(1.0)
-            if num_items is None
-            else tf.cast(num_items, "float32")
-        )
-        accumulators = []
-        for grad, variable in pairs:
-            acc = self._accumulators[self._get_variable_index(variable)]
-            hooks.accumulate(acc, grad, None if num_items is None else weight)
-            accumulators.append(acc)
-        self._item_count.value.assign_add(weight)
+        weight = None if num_items is None else tf.cast(num_items, "float32")
+        accumulators = [
+            self._accumulators[self._get_variable_index(v)] for _, v in pairs
+        ]
+        grads = [
+            hooks.densify_for(a, g) for a, (g, _) in zip(accumulators, pairs)
+        ]
         variables = [v for _, v in pairs]
         tf.distribute.get_replica_context().merge_call(
-            self._end_micro_step, args=(accumulators, variables)
+            self._end_micro_step, args=(grads, weight, accumulators, variables)
         )
 
-    def _end_micro_step(self, strategy, accumulators, variables):
-        """Cross-replica: count the micro-step, apply at the window's end."""
+    def _end_micro_step(self, strategy, grads, weight, accumulators, variables):
+        """Cross-replica: the first micro-step of a window writes the
+        accumulators (no zeroing pass), the next ones add, the last one adds
+        without writing back and applies the window."""
+        step = self._micro_step.value.read_value()
         self._micro_step.value.assign_add(1)
+        args = (grads, weight, accumulators)
+
+        def start():
+            strategy.extended.call_for_each_replica(self._start, args=args)
+
+        def add():
+            strategy.extended.call_for_each_replica(self._add, args=args)
 
         def finish():
-            normaliser = hooks.local_sum(strategy, self._item_count) / (
-                strategy.num_replicas_in_sync
+            self._finish(strategy, grads, weight, accumulators, variables)
+
+        steps = self.accumulation_steps
+        if steps == 1:
+            return finish()
+        # One `Case` per micro-step: each branch's captured inputs are
+        # switched once.
+        index = ops.where(ops.greater_equal(step, steps - 1), 2, 1)
+        index = ops.where(ops.equal(step, 0), 0, index)
+        branches = [start, add, finish] if steps > 2 else [start, finish]
+        tf.switch_case(ops.minimum(index, len(branches) - 1), branches)
+
+    def _start(self, grads, weight, accumulators):
+        for acc, grad in zip(accumulators, grads):
+            hooks.start(acc, grad, weight)
+        self._item_count.value.assign(1.0 if weight is None else weight)
+
+    def _add(self, grads, weight, accumulators):
+        for acc, grad in zip(accumulators, grads):
+            hooks.accumulate(acc, grad, weight)
+        self._item_count.value.assign_add(1.0 if weight is None else weight)
+
+    def _finish(self, strategy, grads, weight, accumulators, variables):
+        """Applies the window (sums of the accumulators and this micro-step's
+        gradients), unless the loss scale optimizer found it non-finite."""
+        window = self.accumulation_steps > 1
+        count = (
+            float(strategy.num_replicas_in_sync)
+            if weight is None
+            else hooks.local_sum(strategy, weight)
+        )
+        if window:
+            count += hooks.local_sum(strategy, self._item_count)
+        normaliser = count / strategy.num_replicas_in_sync
+
+        def apply_window():
+            strategy.extended.call_for_each_replica(
+                self._apply_window,
+                args=(grads, weight, accumulators, variables, normaliser),
             )
 
-            def apply_window():
-                strategy.extended.call_for_each_replica(
-                    self._apply_window,
-                    args=(accumulators, variables, normaliser),
-                )
+        if self._outer_loss_scale is None:
+            # Only the loss scale optimizer skips windows; a second `cond`
+            # would switch every captured input once more.
+            apply_window()
+        else:
+            ok = ops.logical_and(
+                ops.equal(self._skip_window, 0),
+                hooks.all_finite(
+                    strategy, grads, accumulators if window else []
+                ),
+            )
+            ops.cond(ok, apply_window, self._on_bad_window)
+        self._reset_window()
 
-            if self._outer_loss_scale is None:
-                # Only the loss scale optimizer skips windows; a second
-                # `cond` would switch every captured input once more.
-                apply_window()
-            else:
-                ok = ops.logical_and(
-                    ops.equal(self._skip_window, 0),
-                    hooks.all_finite(strategy, self),
-                )
-                ops.cond(ok, apply_window, self._on_bad_window)
-            self._reset_window()
-
-        ops.cond(
-            ops.greater_equal(self._micro_step, self.accumulation_steps),
-            finish,
-            lambda: None,
-        )
-
-    def _apply_window(self, accumulators, variables, normaliser):
+    def _apply_window(self, grads, weight, accumulators, variables, norm):
         """Replica context: the inner optimizer all-reduces and updates."""
+        window = self.accumulation_steps > 1
         grads = [
-            ops.cast(ops.convert_to_tensor(acc) / normaliser, v.dtype)
-            for acc, v in zip(accumulators, variables)
+            ops.cast(hooks.window_sum(acc, g, weight, window) / norm, v.dtype)
+            for acc, g, v in zip(accumulators, grads, variables)
         ]
         self.inner_optimizer.apply(grads, variables)
 
@@ -307,11 +341,10 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
         )
 
     def _reset_window(self):
+        # The accumulators and the item count are overwritten by the next
+        # window's first micro-step: no zeroing pass.
         self._micro_step.assign(0)
         self._skip_window.assign(0)
-        self._item_count.assign(0.0)
-        for acc in self._accumulators:
-            acc.assign(ops.zeros(acc.shape, "float32"))
 
     def _skip_micro_step(self):
         """Counts a micro-step the loss scale optimizer found non-finite."""
