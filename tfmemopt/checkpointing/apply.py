@@ -183,7 +183,47 @@ def _skip(report, name, reason):
     )
 
 
+def _graph_state(model) -> list:
+    """What building a sub-model from `model`'s tensors can change.
+
+    `keras.Model(inputs, outputs)` on inner tensors clones the nodes in
+    between: it appends nodes to the original layers and rewires the
+    `_keras_history` of any model input it keeps, after which the model's
+    own `get_config` (and so `save`, `clone_model`) looks up a node that
+    is not in its graph. The snapshot lets `_enable_segments` put every
+    node list and tensor history back once its sub-models exist (they run
+    on the nodes they hold, not on the layers' lists).
+    """
+    state = []
+    for op in getattr(model, "operations", None) or model.layers:
+        state.append((op, list(op._inbound_nodes), list(op._outbound_nodes)))
+    histories = [
+        (t, t._keras_history)
+        for op, inbound, _ in state
+        for node in inbound
+        for t in keras.tree.flatten(node.output_tensors)
+    ]
+    return [state, histories]
+
+
+def _restore_graph(snapshot) -> None:
+    state, histories = snapshot
+    for op, inbound, outbound in state:
+        op._inbound_nodes[:] = inbound
+        op._outbound_nodes[:] = outbound
+    for t, history in histories:
+        t._keras_history = history
+
+
 def _enable_segments(model, segments, report, state):
+    snapshot = _graph_state(model)
+    try:
+        _build_stages(model, segments, report, state)
+    finally:
+        _restore_graph(snapshot)
+
+
+def _build_stages(model, segments, report, state):
     ops = policies.top_level(model)
     stages = []
     for k, (start, stop) in enumerate(segments):
