@@ -10,30 +10,17 @@ activations alive), then the short tail micro-batch, if any.
 
 from __future__ import annotations
 
-import keras
+import collections
+
 import tensorflow as tf
 
 from tfmemopt import loss_normalization as ln
 from tfmemopt.distribute import _hooks as _dist
 from tfmemopt.micro_batching import slice_batch
 
-
-class _Spec:
-    """What the first trace of a micro-step revealed (static structure)."""
-
-    def __init__(self, dynamic, has_static, generic):
-        self.dynamic = dynamic  # indices of dynamic terms
-        self.has_static = has_static
-        self.generic = generic
-
-
-def _uses_keras_compute_loss(model):
-    from tfmemopt.model import Model
-
-    return type(model).compute_loss in (
-        keras.Model.compute_loss,
-        Model.compute_loss,
-    )
+# What the first trace of a micro-step revealed (static structure):
+# `dynamic` holds the indices of the masked loss terms.
+_Spec = collections.namedtuple("_Spec", "dynamic has_static generic")
 
 
 def _call(model, x):
@@ -84,7 +71,7 @@ class _Window:
             ]
         return self.weight_sums
 
-    def _losses(self, x, y, sw, y_pred, size):
+    def _losses(self, x, y, sw, y_pred, size, weight_sums=None):
         return ln.micro_batch_losses(
             self.model,
             x,
@@ -93,8 +80,23 @@ class _Window:
             y_pred,
             size,
             self.batch_global,
-            self._weight_sums,
-            generic=not _uses_keras_compute_loss(self.model),
+            weight_sums or self._weight_sums,
+            generic=not ln.uses_keras_compute_loss(self.model),
+        )
+
+    def _n_targets(self, x, y, sw, size):
+        """Separate gradients a micro-step takes (see `ln.count_targets`)."""
+        if self.spec is not None:
+            return int(self.spec.has_static) + len(self.spec.dynamic)
+        return ln.count_targets(
+            lambda: self._losses(
+                x,
+                y,
+                sw,
+                _call(self.model, x),
+                size,
+                lambda: ln.sample_weight_sums(self.model, sw),
+            )
         )
 
     def micro_step(self, start, size):
@@ -103,7 +105,8 @@ class _Window:
         y = slice_batch(self.y, start, size)
         sw = slice_batch(self.sw, start, size)
         optimizer = model.optimizer
-        with tf.GradientTape(persistent=True) as tape:
+        persistent = self._n_targets(x, y, sw, size) != 1
+        with tf.GradientTape(persistent=persistent) as tape:
             y_pred = _call(model, x)
             if self.variables is None:
                 self.variables = list(model.trainable_variables)

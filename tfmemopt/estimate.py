@@ -219,13 +219,13 @@ def estimate_memory(
             global batch.
         trainer: `None` (`"tfmemopt"` for a `tfmemopt.Model` or
             `accumulation_steps > 1`, else `"keras"`), `"keras"` (Keras's
-            own `fit` step) or `"tfmemopt"` (`tfmemopt.Model`'s step). They
-            differ for layers with a while loop (LSTM, GRU): tfmemopt's
-            persistent gradient tape makes TensorFlow keep every
-            intermediate of the loop per time step and start the backward
-            pass from zero-filled copies of those lists (about 4x an LSTM's
-            memory); Keras's tape keeps only what the gradient reads, and
-            so do checkpointed segments (recomputed under their own tape).
+            own `fit` step) or `"tfmemopt"` (`tfmemopt.Model`'s step). Both
+            take one gradient of the loss with a non-persistent tape, so
+            both are traced alike. (`tfmemopt.Model` uses a persistent tape
+            only when a masked loss term sits beside other loss terms:
+            each is normalised over the whole window, so each needs its own
+            gradient; TensorFlow then keeps every intermediate of a loop
+            body, about 2-4x an LSTM's memory. That case is not modelled.)
 
     Returns:
         A `MemoryEstimate` (bytes per field, `.total`, `.table()`,
@@ -288,10 +288,9 @@ def estimate_memory(
         traced,
         micro,
         activation_itemsize=compute if rescale else None,
-        # A checkpointed segment is recomputed and differentiated under its
-        # own, non-persistent tape (checkpointing/_recompute.py): a loop in
-        # it keeps what Keras's tape keeps.
-        persistent=trainer == "tfmemopt" and ckpt is None,
+        # One loss, one gradient: a non-persistent tape for both trainers
+        # (and for checkpointed segments, recomputed under their own tape).
+        persistent=False,
     )
     trainable = model.trainable_weights
     params = sum(weight_bytes(v) for v in model.weights)

@@ -294,6 +294,43 @@ def micro_batch_losses(
     )
 
 
+def uses_keras_compute_loss(model):
+    """True unless the model overrides `compute_loss` (then: generic)."""
+    from tfmemopt.model import Model
+
+    return type(model).compute_loss in (
+        keras.Model.compute_loss,
+        Model.compute_loss,
+    )
+
+
+def count_targets(losses):
+    """How many separate gradients one micro-step takes (`None`: unknown).
+
+    `losses()` runs the forward pass and returns `micro_batch_losses`'s
+    tuple. The static part of the loss is one target; each masked
+    (dynamic) term is another, since it is normalised over the whole window
+    only once the window is done. One target (the common case) lets the
+    caller use a non-persistent tape: a persistent one, or even a second
+    tape open during the forward pass, makes TensorFlow keep every
+    intermediate of a differentiated `while_loop` (an LSTM's time loop).
+    Whether a term is masked is known only after the forward pass, so it is
+    traced here once more, in a graph that is never run.
+    """
+    count = []
+
+    def probe():
+        static, dyn_num, *_ = losses()
+        count.append(int(static is not None) + len(dyn_num))
+        return tf.zeros(())
+
+    try:
+        tf.function(probe, autograph=False).get_concrete_function()
+    except Exception:  # noqa: BLE001 - unknown: the caller keeps a safe tape
+        return None
+    return count[0] if count else None
+
+
 def per_output_loss_metrics(model):
     """Keras's per-output `<name>_loss` trackers (only with several terms)."""
     compile_loss = getattr(model, "_compile_loss", None)
