@@ -6,32 +6,12 @@ import gc
 
 import keras
 
+from tfmemopt._policy_clone import swap_policy
+
 
 def _policy_name(model) -> str:
     policy = getattr(model, "dtype_policy", None)
     return getattr(policy, "name", None) or keras.config.dtype_policy().name
-
-
-def _swap(config, old: str, new: str, keep: set):
-    """Replaces dtype policy `old` by `new` in a layer config tree."""
-    if isinstance(config, list):
-        return [_swap(c, old, new, keep) for c in config]
-    if not isinstance(config, dict):
-        return config
-    inner = config.get("config")
-    if isinstance(inner, dict) and inner.get("name") in keep:
-        return config  # an output layer: keep float32 outputs
-    out = {}
-    for key, value in config.items():
-        if (
-            key == "dtype"
-            and isinstance(value, dict)
-            and value.get("class_name") == "DTypePolicy"
-            and value.get("config", {}).get("name") == old
-        ):
-            value = dict(value, config=dict(value["config"], name=new))
-        out[key] = _swap(value, old, new, keep)
-    return out
 
 
 def rebuild(model: keras.Model, policy: str) -> keras.Model:
@@ -50,7 +30,7 @@ def rebuild(model: keras.Model, policy: str) -> keras.Model:
             if outputs and isinstance(outputs[0], str):
                 outputs = [outputs]  # a single output: [name, 0, 0]
             keep = {entry[0] for entry in outputs}
-        config = _swap(config, old, policy, keep)
+        config = swap_policy(config, old, policy, keep)
         previous = keras.config.dtype_policy()
         keras.config.set_dtype_policy(policy)
         try:

@@ -16,11 +16,18 @@ from __future__ import annotations
 import keras
 
 
-def _swap(config, old: str, new: str):
-    """Replaces dtype policy `old` by `new` throughout a config tree."""
+def swap_policy(config, old: str, new: str, keep=frozenset()):
+    """Replaces dtype policy `old` by `new` throughout a config tree.
+
+    Layers whose name is in `keep` (e.g. output layers, which should keep
+    float32 outputs) are left as they are.
+    """
     if isinstance(config, list):
-        return [_swap(c, old, new) for c in config]
+        return [swap_policy(c, old, new, keep) for c in config]
     if not isinstance(config, dict):
+        return config
+    inner = config.get("config")
+    if keep and isinstance(inner, dict) and inner.get("name") in keep:
         return config
     out = {}
     for key, value in config.items():
@@ -31,7 +38,7 @@ def _swap(config, old: str, new: str):
             and value.get("config", {}).get("name") == old
         ):
             value = dict(value, config=dict(value["config"], name=new))
-        out[key] = _swap(value, old, new)
+        out[key] = swap_policy(value, old, new, keep)
     return out
 
 
@@ -53,7 +60,7 @@ def rebuilt_under(model: keras.Model, policy: str):
     previous = keras.config.dtype_policy()
     keras.config.set_dtype_policy(policy)
     try:
-        copy = type(model).from_config(_swap(config, old, policy))
+        copy = type(model).from_config(swap_policy(config, old, policy))
     except Exception:  # noqa: BLE001 - any failure: the scaling rule
         return None
     finally:
