@@ -17,6 +17,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 
 
 def worker():
@@ -60,14 +61,19 @@ def _free_ports(n):
 
 def launch(num_workers=2, timeout=600):
     cluster = {"worker": [f"127.0.0.1:{p}" for p in _free_ports(num_workers)]}
-    procs = []
+    procs, outs = [], []
     for index in range(num_workers):
         env = dict(os.environ)
         env["TF_CONFIG"] = json.dumps(
             {"cluster": cluster, "task": {"type": "worker", "index": index}}
         )
+        # One file per worker: lines written at the same moment by two
+        # processes into one pipe can end up on one line.
+        outs.append(tempfile.TemporaryFile("w+"))
         procs.append(
-            subprocess.Popen([sys.executable, __file__, "--worker"], env=env)
+            subprocess.Popen(
+                [sys.executable, __file__, "--worker"], env=env, stdout=outs[-1]
+            )
         )
     try:
         codes = [p.wait(timeout=timeout) for p in procs]
@@ -76,6 +82,10 @@ def launch(num_workers=2, timeout=600):
             if p.poll() is None:
                 p.kill()
                 p.wait()
+        for out in outs:  # each worker's lines, one worker after the other
+            out.seek(0)
+            print(out.read(), end="", flush=True)
+            out.close()
     if any(codes):
         raise SystemExit(f"a worker failed: exit codes {codes}")
 
