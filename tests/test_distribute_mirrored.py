@@ -38,7 +38,7 @@ class Batches(keras.callbacks.Callback):
         self.seen.append(batch)
 
 def train(strategy, policy="float32", steps=2, inject=False, clip=None,
-          spe=1, epochs=2, ckpt=None, n=32, keras_model=False):
+          spe=1, epochs=2, ckpt=None, n=32, keras_model=False, jit=False):
     keras.config.set_dtype_policy(policy)
     keras.utils.set_random_seed(0)
     with strategy.scope():
@@ -54,7 +54,7 @@ def train(strategy, policy="float32", steps=2, inject=False, clip=None,
                                checkpointing=ckpt)
         kw = {} if clip is None else {clip[0]: clip[1]}
         m.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9, **kw),
-                  loss="mse", steps_per_execution=spe)
+                  loss="mse", steps_per_execution=spe, jit_compile=jit)
     x, y = data(inject, n)
     batches = Batches()
     hist = m.fit(x, y, batch_size=16, epochs=epochs, shuffle=False,
@@ -109,6 +109,8 @@ CASES = {
     "collective_spe_4": {"spe": 4, "n": 88},
     # Plain Keras still fails here (keras-team/keras#19246).
     "keras_model_spe_4": {"spe": 4, "keras_model": True},
+    # XLA cannot run all replicas' computation on CPU devices: a clear error.
+    "jit_compile": {"jit": True},
 }
 
 # Worked out on these runs: float32 agrees to rounding; float16 and bfloat16
@@ -174,3 +176,13 @@ def test_plain_keras_steps_per_execution_still_fails_with_collectives(
     err = results["keras_model_spe_4"]["error"]
     # (cut to 600 characters: "Detected at node while/cond/Placeholder_1")
     assert "InvalidArgumentError" in err and "cond/Placeholder" in err, err
+
+
+@pytest.mark.slow
+def test_jit_compile_on_mirrored_cpus_says_what_to_do(results):
+    # Keras compiles `strategy.run` over both replicas into one XLA
+    # computation on one device; tfmemopt.Model refuses it before tracing,
+    # instead of TensorFlow's "Trying to access resource ... CPU:1".
+    err = results["jit_compile"]["error"]
+    assert err.startswith("ValueError"), err
+    assert "Compile with `jit_compile=False`" in err, err

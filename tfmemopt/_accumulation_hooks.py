@@ -24,6 +24,9 @@ import keras
 import tensorflow as tf
 from keras import ops
 
+from tfmemopt.distribute._keras_fixes import check_jit_replicas
+from tfmemopt.distribute._keras_fixes import cpu_only_replicas  # noqa: F401
+
 _ORIGINAL = "_tfmemopt_original_non_finite_handler"
 
 _BASE_DEFAULTS = {
@@ -253,21 +256,11 @@ def clip_after_all_reduce(inner) -> None:
     object.__setattr__(inner, "_all_reduce_sum_gradients", reduce_then_clip)
 
 
-def cpu_only_replicas(devices) -> bool:
-    """True for two or more replica devices that are all CPUs."""
-    devices = list(devices)
-    return len(devices) > 1 and all(
-        tf.DeviceSpec.from_string(d).device_type == "CPU" for d in devices
-    )
-
-
 def refuse_jit_on_mirrored_cpus(max_depth: int = 8) -> None:
     """Raises for a Keras `jit_compile=True` model mirrored on CPUs.
 
-    Keras compiles `strategy.run` over all replicas into one XLA
-    computation; XLA runs it on one device, so replica 1's variables (on
-    CPU:1) cannot be read from CPU:0. The model is found among the callers
-    (`Trainer._symbolic_build` or `train_step` call the optimizer).
+    The model is found among the callers (`Trainer._symbolic_build` or
+    `train_step` call the optimizer); see `check_jit_replicas`.
     """
     frame = sys._getframe(1)
     for _ in range(max_depth):
@@ -276,27 +269,5 @@ def refuse_jit_on_mirrored_cpus(max_depth: int = 8) -> None:
             return
         model = frame.f_locals.get("self")
         if isinstance(model, keras.Model):
-            break
-    else:
-        return
-    if getattr(model, "jit_compile", False) is not True:
-        return
-    strategy = model.distribute_strategy
-    if not isinstance(strategy, tf.distribute.MirroredStrategy):
-        return
-    if not cpu_only_replicas(strategy.extended.worker_devices):
-        return
-    raise ValueError(
-        "`jit_compile=True` does not work under MirroredStrategy on CPU "
-        "devices, with or without AccumulatingOptimizer: Keras compiles "
-        "`strategy.run` over all replicas into one XLA computation, XLA "
-        "runs it on one device, and TensorFlow fails with 'Trying to "
-        "access resource ... located in device CPU:1 from device CPU:0' "
-        "(keras-team/keras#19005). Compile with `jit_compile=False` (the "
-        "default under a strategy). For XLA on CPUs, per replica, use "
-        "auto-clustering instead: set the environment variable "
-        "TF_XLA_FLAGS=--tf_xla_cpu_global_jit before importing TensorFlow "
-        "and call `tf.config.optimizer.set_jit('autoclustering')`. "
-        "Replicas on GPUs are not refused (untested). Received: "
-        f"devices={list(strategy.extended.worker_devices)}."
-    )
+            check_jit_replicas(model)
+            return

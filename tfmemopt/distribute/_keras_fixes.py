@@ -113,6 +113,7 @@ class MultiWorkerFitFixes:
                 self, self.train_step, in_multi_worker_mode(strategy)
             )
             return self.train_function
+        check_jit_replicas(self)
         return super().make_train_function(force=force)
 
 
@@ -149,3 +150,41 @@ def fixed_keras_model_class(base=keras.Model):
 
     _Fixed.__name__ = f"MultiWorker{base.__name__}"
     return _Fixed
+
+
+def cpu_only_replicas(devices) -> bool:
+    """True for two or more replica devices that are all CPUs."""
+    devices = list(devices)
+    return len(devices) > 1 and all(
+        tf.DeviceSpec.from_string(d).device_type == "CPU" for d in devices
+    )
+
+
+def check_jit_replicas(model) -> None:
+    """Raises for a `jit_compile=True` model mirrored on CPU devices.
+
+    Keras compiles `strategy.run` over all replicas into one XLA
+    computation; XLA runs it on one device, so replica 1's variables (on
+    CPU:1) cannot be read from CPU:0 (plain TensorFlow fails the same way).
+    """
+    if getattr(model, "jit_compile", False) is not True:
+        return
+    strategy = model.distribute_strategy
+    if not isinstance(strategy, tf.distribute.MirroredStrategy):
+        return
+    if not cpu_only_replicas(strategy.extended.worker_devices):
+        return
+    raise ValueError(
+        "`jit_compile=True` does not work under MirroredStrategy on CPU "
+        "devices, with or without tfmemopt: Keras compiles "
+        "`strategy.run` over all replicas into one XLA computation, XLA "
+        "runs it on one device, and TensorFlow fails with 'Trying to "
+        "access resource ... located in device CPU:1 from device CPU:0' "
+        "(keras-team/keras#19005). Compile with `jit_compile=False` (the "
+        "default under a strategy). For XLA on CPUs, per replica, use "
+        "auto-clustering instead: set the environment variable "
+        "TF_XLA_FLAGS=--tf_xla_cpu_global_jit before importing TensorFlow "
+        "and call `tf.config.optimizer.set_jit('autoclustering')`. "
+        "Replicas on GPUs are not refused (untested). Received: "
+        f"devices={list(strategy.extended.worker_devices)}."
+    )
