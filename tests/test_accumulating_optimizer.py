@@ -643,13 +643,13 @@ def test_mirrored_strategy_two_cpus():
 
 
 def test_jit_refusal_only_for_cpu_replicas():
-    from tfmemopt import _accumulation_hooks as hooks
+    from tfmemopt.distribute._keras_fixes import cpu_only_replicas
 
     cpu = "/job:localhost/replica:0/task:0/device:CPU:"
     gpu = "/job:localhost/replica:0/task:0/device:GPU:"
-    assert hooks.cpu_only_replicas([cpu + "0", cpu + "1"])
-    assert not hooks.cpu_only_replicas([gpu + "0", gpu + "1"])
-    assert not hooks.cpu_only_replicas([cpu + "0"])
+    assert cpu_only_replicas([cpu + "0", cpu + "1"])
+    assert not cpu_only_replicas([gpu + "0", gpu + "1"])
+    assert not cpu_only_replicas([cpu + "0"])
 
 
 _AUTOCLUSTER = """

@@ -25,7 +25,6 @@ import tensorflow as tf
 from keras import ops
 
 from tfmemopt.distribute._keras_fixes import check_jit_replicas
-from tfmemopt.distribute._keras_fixes import cpu_only_replicas  # noqa: F401
 
 _ORIGINAL = "_tfmemopt_original_non_finite_handler"
 

@@ -186,7 +186,6 @@ def trace_step(
     model,
     batch_size: int,
     activation_itemsize: int | None = None,
-    persistent: bool = False,
 ) -> StepGraph:
     """Traces one training step of `model` at `batch_size` and measures it.
 
@@ -197,17 +196,13 @@ def trace_step(
         activation_itemsize: optional Int: bytes per element of the
             model's floating activations (and their gradients) under another
             dtype policy; weight gradients and the loss keep their dtype.
-        persistent: Bool, trace with a persistent `tf.GradientTape`, as
-            `tfmemopt.Model`'s train step does. Then `while_v2` keeps every
-            intermediate of a loop body per iteration, not only those the
-            gradient reads (an LSTM step: about 4x the memory).
     """
     in_specs = input_specs(model, batch_size)
     loss_fn, y_specs = _loss_and_target_specs(model, batch_size, in_specs)
     mark = {}
 
     def step(x, y):
-        with tf.GradientTape(persistent=persistent) as tape:
+        with tf.GradientTape() as tape:
             pred = model(x[0] if len(x) == 1 else x, training=True)
             preds = pred if isinstance(pred, (list, tuple)) else [pred]
             loss = 0.0

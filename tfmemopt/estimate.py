@@ -288,9 +288,6 @@ def estimate_memory(
         traced,
         micro,
         activation_itemsize=compute if rescale else None,
-        # One loss, one gradient: a non-persistent tape for both trainers
-        # (and for checkpointed segments, recomputed under their own tape).
-        persistent=False,
     )
     trainable = model.trainable_weights
     params = sum(weight_bytes(v) for v in model.weights)
