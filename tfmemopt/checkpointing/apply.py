@@ -243,8 +243,8 @@ def _build_stages(model, segments, report, state):
                 # The boundary, plus model inputs used here (a mask).
                 needed = policies.segment_inputs(model, start, stop)
                 boundary = ops[start - 1].output
-                inputs = [boundary] + [model.inputs[j] for j in needed]
-                inputs = inputs if needed else boundary
+                extra = [model.inputs[j] for j in needed]
+                inputs = [boundary, *extra] if needed else boundary
             last = k == len(segments) - 1
             outputs = model.output if last else ops[stop - 1].output
             sub = keras.Model(inputs, outputs, name=f"{model.name}_seg{k}")
