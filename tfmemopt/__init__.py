@@ -15,23 +15,23 @@ from tfmemopt import callbacks
 from tfmemopt import checkpointing
 from tfmemopt import distribute
 from tfmemopt import memory
-from tfmemopt import mixed_precision
-from tfmemopt._wrapped import WrappedModel
-from tfmemopt.accumulating_optimizer import AccumulatingOptimizer
-from tfmemopt.advice import check_alignment
-from tfmemopt.advice import check_precision
-from tfmemopt.batch_size import find_batch_size
-from tfmemopt.batch_size import suggest_accumulation
+from tfmemopt.precision import _mixed_precision as mixed_precision
+from tfmemopt.accumulation._wrapped import WrappedModel
+from tfmemopt.accumulation._accumulating_optimizer import AccumulatingOptimizer
+from tfmemopt.precision._advice import check_alignment
+from tfmemopt.precision._advice import check_precision
+from tfmemopt.tuning._batch_size import find_batch_size
+from tfmemopt.tuning._batch_size import suggest_accumulation
 from tfmemopt.checkpointing import CheckpointBlock
 from tfmemopt.checkpointing import disable_checkpointing
 from tfmemopt.checkpointing import enable_checkpointing
-from tfmemopt.estimate import MemoryEstimate
-from tfmemopt.estimate import estimate_memory
-from tfmemopt.findings import pad_to_multiple
-from tfmemopt.model import Model
-from tfmemopt.oom import oom_report
-from tfmemopt.planner import Plan
-from tfmemopt.planner import plan
+from tfmemopt.estimate._estimate import MemoryEstimate
+from tfmemopt.estimate._estimate import estimate_memory
+from tfmemopt.precision._findings import pad_to_multiple
+from tfmemopt.accumulation._model import Model
+from tfmemopt.tuning._oom import oom_report
+from tfmemopt.tuning._planner import Plan
+from tfmemopt.tuning._planner import plan
 
 __all__ = [
     "__version__",

@@ -5,11 +5,11 @@ model in place and `disable_checkpointing` undoes it. See
 docs/checkpointing.md.
 """
 
-from tfmemopt.checkpointing.apply import CheckpointReport
-from tfmemopt.checkpointing.apply import checkpointing_report
-from tfmemopt.checkpointing.apply import disable_checkpointing
-from tfmemopt.checkpointing.apply import enable_checkpointing
-from tfmemopt.checkpointing.block import CheckpointBlock
+from tfmemopt.checkpointing._apply import CheckpointReport
+from tfmemopt.checkpointing._apply import checkpointing_report
+from tfmemopt.checkpointing._apply import disable_checkpointing
+from tfmemopt.checkpointing._apply import enable_checkpointing
+from tfmemopt.checkpointing._block import CheckpointBlock
 
 __all__ = [
     "CheckpointBlock",

@@ -10,9 +10,9 @@ import pytest
 import tensorflow as tf
 
 import tfmemopt
-from tfmemopt.oom import OutOfMemoryError
-from tfmemopt.oom import fit_batch_size
-from tfmemopt.oom import is_oom
+from tfmemopt.tuning._oom import OutOfMemoryError
+from tfmemopt.tuning._oom import fit_batch_size
+from tfmemopt.tuning._oom import is_oom
 
 
 class OOMAtRuntime(keras.layers.Layer):

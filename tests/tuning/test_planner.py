@@ -8,8 +8,8 @@ import pytest
 
 import tfmemopt
 from tfmemopt import memory
-from tfmemopt import planner
-from tfmemopt._trials import TrialRunner
+from tfmemopt.tuning import _planner as planner
+from tfmemopt.tuning._trials import TrialRunner
 
 needs_stats = pytest.mark.skipif(
     not memory.stats_available("CPU:0"),
@@ -174,7 +174,7 @@ def test_bad_arguments(kwargs, match):
 
 
 def test_cli_plan(tmp_path, capsys):
-    from tfmemopt import cli
+    from tfmemopt.cli import _main as cli
 
     path = str(tmp_path / "m.keras")
     mlp().save(path)

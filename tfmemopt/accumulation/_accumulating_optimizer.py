@@ -23,7 +23,7 @@ import keras
 import tensorflow as tf
 from keras import ops
 
-from tfmemopt import _accumulation_hooks as hooks
+from tfmemopt.accumulation import _accumulation_hooks as hooks
 
 
 @keras.saving.register_keras_serializable(package="tfmemopt")

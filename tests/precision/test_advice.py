@@ -4,11 +4,11 @@ import keras
 import pytest
 
 import tfmemopt
-from tfmemopt.advice import check_alignment
-from tfmemopt.advice import check_precision
-from tfmemopt.findings import Finding
-from tfmemopt.findings import Findings
-from tfmemopt.findings import pad_to_multiple
+from tfmemopt.precision._advice import check_alignment
+from tfmemopt.precision._advice import check_precision
+from tfmemopt.precision._findings import Finding
+from tfmemopt.precision._findings import Findings
+from tfmemopt.precision._findings import pad_to_multiple
 from tfmemopt.mixed_precision import Hardware
 
 

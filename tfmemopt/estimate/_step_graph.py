@@ -23,7 +23,7 @@ import re
 import keras
 import tensorflow as tf
 
-from tfmemopt._while_loops import while_loop_sizes
+from tfmemopt.estimate._while_loops import while_loop_sizes
 
 # Ops whose output shares its input's buffer.
 _ALIAS = {

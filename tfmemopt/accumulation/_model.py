@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import keras
 
-from tfmemopt import _window
+from tfmemopt.accumulation import _window
+from tfmemopt.accumulation._micro_batching import plan_micro_batches
+from tfmemopt.accumulation._micro_batching import static_batch_size
 from tfmemopt.distribute import _hooks as _dist
-from tfmemopt.micro_batching import plan_micro_batches
-from tfmemopt.micro_batching import static_batch_size
 
 _CONFIG_KEYS = ("accumulation_steps", "micro_batch_size", "checkpointing")
 
@@ -194,7 +194,7 @@ class Model(_dist.FitFixes, keras.Model):
         Returns:
             A `tfmemopt.Model` to compile and fit.
         """
-        from tfmemopt._wrapped import WrappedModel
+        from tfmemopt.accumulation._wrapped import WrappedModel
 
         if not isinstance(model, keras.layers.Layer):
             raise TypeError(
@@ -247,8 +247,8 @@ class Model(_dist.FitFixes, keras.Model):
     def fit(self, *args, **kwargs):
         if self._checkpointing_policy is not None and self.built:
             self._ensure_checkpointing()
-        from tfmemopt.oom import fit_batch_size
-        from tfmemopt.oom import oom_report
+        from tfmemopt.tuning._oom import fit_batch_size
+        from tfmemopt.tuning._oom import oom_report
 
         with oom_report(self, batch_size=fit_batch_size(args, kwargs)):
             return super().fit(*args, **kwargs)

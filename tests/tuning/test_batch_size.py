@@ -9,9 +9,9 @@ import tensorflow as tf
 from conftest import run_in_subprocess
 
 import tfmemopt
-from tfmemopt import _search
+from tfmemopt.tuning import _search
 from tfmemopt import memory
-from tfmemopt._trials import TrialRunner
+from tfmemopt.tuning._trials import TrialRunner
 
 needs_stats = pytest.mark.skipif(
     not memory.stats_available("CPU:0"),
@@ -226,7 +226,7 @@ import keras
 import numpy as np
 import tfmemopt
 from tfmemopt import memory
-from tfmemopt._trials import variable_bytes
+from tfmemopt.tuning._trials import variable_bytes
 
 class OOMAbove(keras.layers.Layer):
     def call(self, x):
@@ -332,7 +332,7 @@ def test_bad_arguments():
 def test_cli_find_batch_size(tmp_path, capsys):
     import json
 
-    from tfmemopt import cli
+    from tfmemopt.cli import _main as cli
 
     path = str(tmp_path / "m.keras")
     wide_model(optimizer="sgd").save(path)

@@ -6,7 +6,7 @@ import gc
 
 import keras
 
-from tfmemopt._policy_clone import swap_policy
+from tfmemopt.precision._policy_clone import swap_policy
 
 
 def _policy_name(model) -> str:
@@ -52,7 +52,7 @@ def rebuild(model: keras.Model, policy: str) -> keras.Model:
 def apply_plan(plan, model: keras.Model, copy: bool = False) -> keras.Model:
     """See `Plan.apply`; `copy=True` never touches `model` (for verify)."""
     from tfmemopt.checkpointing import enable_checkpointing
-    from tfmemopt.model import Model
+    from tfmemopt.accumulation._model import Model
 
     if not isinstance(model, keras.Model) or not model.built:
         raise ValueError(
@@ -78,8 +78,8 @@ def apply_plan(plan, model: keras.Model, copy: bool = False) -> keras.Model:
 
 def measure_plan(plan, model: keras.Model, data) -> int | None:
     """Peak bytes of a few steps of `plan` applied to a copy of `model`."""
-    from tfmemopt._trials import TrialRunner
-    from tfmemopt.oom import is_oom
+    from tfmemopt.tuning._trials import TrialRunner
+    from tfmemopt.tuning._oom import is_oom
 
     applied = apply_plan(plan, model, copy=True)
     try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import keras
 
-from tfmemopt.model import Model
+from tfmemopt.accumulation._model import Model
 
 
 @keras.saving.register_keras_serializable(package="tfmemopt")

@@ -134,7 +134,7 @@ def build_report(
     device: str | None = None,
 ) -> OOMReport:
     """An `OOMReport` for `error`; no part of it ever raises."""
-    from tfmemopt._trials import default_device
+    from tfmemopt.tuning._trials import default_device
 
     try:
         device = device or default_device()
@@ -158,7 +158,7 @@ def build_report(
         )
         return report
     try:
-        from tfmemopt.estimate import estimate_memory
+        from tfmemopt.estimate._estimate import estimate_memory
 
         report.estimate = estimate_memory(
             model, batch_size, optimizer=getattr(model, "optimizer", None)
@@ -177,7 +177,7 @@ def build_report(
         )
         return report
     try:
-        from tfmemopt.planner import plan
+        from tfmemopt.tuning._planner import plan
 
         report.plan = plan(model, batch_size, budget)
     except Exception as e:  # noqa: BLE001

@@ -8,10 +8,10 @@ import warnings
 
 import keras
 
-from tfmemopt.checkpointing import policies
+from tfmemopt.checkpointing import _policies as policies
 from tfmemopt.checkpointing._recompute import checkpoint_call
 from tfmemopt.checkpointing._safety import why_not_replayable
-from tfmemopt.checkpointing.block import CheckpointBlock
+from tfmemopt.checkpointing._block import CheckpointBlock
 
 _STATE = "_tfmemopt_checkpointing"
 _local = threading.local()

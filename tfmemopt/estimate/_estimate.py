@@ -15,13 +15,13 @@ import math
 
 import keras
 
-from tfmemopt._activation_rules import checkpointed_activations
-from tfmemopt._activation_rules import unknown_layers
-from tfmemopt._optimizer_state import _itemsize
-from tfmemopt._optimizer_state import optimizer_state_bytes
-from tfmemopt._optimizer_state import resolve_optimizer
-from tfmemopt._policy_clone import rebuilt_under
-from tfmemopt._step_graph import trace_step
+from tfmemopt.estimate._activation_rules import checkpointed_activations
+from tfmemopt.estimate._activation_rules import unknown_layers
+from tfmemopt.estimate._optimizer_state import _itemsize
+from tfmemopt.estimate._optimizer_state import optimizer_state_bytes
+from tfmemopt.estimate._optimizer_state import resolve_optimizer
+from tfmemopt.precision._policy_clone import rebuilt_under
+from tfmemopt.estimate._step_graph import trace_step
 
 _FIELDS = (
     "parameters",
@@ -252,7 +252,7 @@ def estimate_memory(
     _positive_int("accumulation_steps", accumulation_steps)
     _positive_int("replicas", replicas)
     if trainer is None:
-        from tfmemopt.model import Model
+        from tfmemopt.accumulation._model import Model
 
         tfm = isinstance(model, Model) or accumulation_steps > 1
         trainer = "tfmemopt" if tfm else "keras"

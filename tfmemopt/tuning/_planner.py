@@ -14,8 +14,8 @@ import dataclasses
 
 import keras
 
-from tfmemopt import _search
-from tfmemopt._plan_apply import apply_plan
+from tfmemopt.tuning import _search
+from tfmemopt.tuning._plan_apply import apply_plan
 
 ALLOW = ("accumulation", "checkpointing", "mixed_precision")
 # A pass over a micro-batch costs as much as this many extra samples
@@ -136,7 +136,7 @@ def _policies(model, allow) -> tuple[list[str], bool]:
         base = model.dtype_policy.name
     if "mixed_precision" not in allow or base.startswith("mixed"):
         return [base], False
-    from tfmemopt import mixed_precision
+    from tfmemopt.precision import _mixed_precision as mixed_precision
 
     try:
         suited, _ = mixed_precision.choose_policy(
@@ -217,7 +217,7 @@ def plan(
     >>> model = p.apply(model)  # doctest: +SKIP
     >>> model.fit(x, y, batch_size=p.global_batch_size)  # doctest: +SKIP
     """
-    from tfmemopt.estimate import estimate_memory
+    from tfmemopt.estimate._estimate import estimate_memory
 
     _search.check_int("global_batch_size", global_batch_size)
     _search.check_int("replicas", replicas)
@@ -300,7 +300,7 @@ def plan(
         result.considered = considered
         if not verify:
             return result
-        from tfmemopt._plan_apply import measure_plan
+        from tfmemopt.tuning._plan_apply import measure_plan
 
         result.measured_peak = measure_plan(result, model, data)
         if result.measured_peak is None or result.measured_peak <= budget:

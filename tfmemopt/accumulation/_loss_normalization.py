@@ -296,7 +296,7 @@ def micro_batch_losses(
 
 def uses_keras_compute_loss(model):
     """True unless the model overrides `compute_loss` (then: generic)."""
-    from tfmemopt.model import Model
+    from tfmemopt.accumulation._model import Model
 
     return type(model).compute_loss in (
         keras.Model.compute_loss,

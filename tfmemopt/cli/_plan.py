@@ -6,7 +6,7 @@ import json
 import os
 import sys
 
-from tfmemopt.cli import subcommand
+from tfmemopt.cli._main import subcommand
 
 
 def _load(path: str, command: str):
@@ -91,7 +91,7 @@ def _find(args) -> int:
     model = _load(args.model, "find-batch-size")
     if model is None:
         return 2
-    from tfmemopt.batch_size import find_batch_size
+    from tfmemopt.tuning._batch_size import find_batch_size
 
     try:
         found = find_batch_size(
@@ -161,7 +161,7 @@ def _plan(args) -> int:
     model = _load(args.model, "plan")
     if model is None:
         return 2
-    from tfmemopt.planner import plan
+    from tfmemopt.tuning._planner import plan
 
     allow = tuple(a.strip() for a in args.allow.split(",") if a.strip())
     try:

@@ -35,7 +35,7 @@ def _library_segments(model, units):
     everything on (a cut inside a residual block would keep the skip
     tensor too).
     """
-    from tfmemopt.checkpointing import policies
+    from tfmemopt.checkpointing import _policies as policies
 
     try:
         ranges = policies.auto_segments(model)

@@ -8,7 +8,7 @@ import sys
 import keras
 import pytest
 
-from tfmemopt import cli
+from tfmemopt.cli import _main as cli
 from tfmemopt import estimate_memory
 
 SCRIPT = os.path.join(os.path.dirname(sys.executable), "tfmemopt")

@@ -52,7 +52,7 @@ def _quiet_tensorflow():
 
 
 def _units(n) -> str:
-    from tfmemopt.estimate import _units as units
+    from tfmemopt.estimate._estimate import _units as units
 
     return units(n)
 
@@ -113,7 +113,7 @@ def _estimate(args) -> int:
     import keras
 
     import tfmemopt  # noqa: F401 - registers tfmemopt's serializable objects
-    from tfmemopt.estimate import estimate_memory
+    from tfmemopt.estimate._estimate import estimate_memory
 
     try:
         model = keras.saving.load_model(args.model)
@@ -192,7 +192,7 @@ def doctor_report() -> dict:
     if gpus and not memory.nvml_available():
         report["missing"]["nvidia-ml-py"] = _INSTALL["nvidia-ml-py"]
     try:
-        from tfmemopt import mixed_precision
+        from tfmemopt.precision import _mixed_precision as mixed_precision
     except ImportError:
         report["auto_policy"] = None
     else:
@@ -265,7 +265,7 @@ def _load_plugins():
     """Imports modules that register more subcommands, if they exist."""
     import importlib
 
-    for module in ("tfmemopt._cli_plan",):
+    for module in ("tfmemopt.cli._plan",):
         try:
             importlib.import_module(module)
         except ImportError:

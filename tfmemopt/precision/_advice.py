@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import keras
 
-from tfmemopt import mixed_precision as _mp
-from tfmemopt._alignment import _CONV
-from tfmemopt._alignment import LARGE_DIM
-from tfmemopt._alignment import SIXTEEN_BIT
-from tfmemopt._alignment import _dims
-from tfmemopt._alignment import alignment_target
-from tfmemopt._alignment import rows_per_sample
-from tfmemopt.findings import Finding
-from tfmemopt.findings import Findings
-from tfmemopt.findings import pad_to_multiple
-from tfmemopt.findings import walk_layers
+from tfmemopt.precision import _mixed_precision as _mp
+from tfmemopt.precision._alignment import _CONV
+from tfmemopt.precision._alignment import LARGE_DIM
+from tfmemopt.precision._alignment import SIXTEEN_BIT
+from tfmemopt.precision._alignment import _dims
+from tfmemopt.precision._alignment import alignment_target
+from tfmemopt.precision._alignment import rows_per_sample
+from tfmemopt.precision._findings import Finding
+from tfmemopt.precision._findings import Findings
+from tfmemopt.precision._findings import pad_to_multiple
+from tfmemopt.precision._findings import walk_layers
 
 _SOFTMAX_NAMES = ("softmax", "log_softmax")
 

@@ -17,10 +17,10 @@ import math
 
 import keras
 
-from tfmemopt import _search
-from tfmemopt._search import Accumulation
-from tfmemopt._search import Trial
-from tfmemopt._trials import TrialRunner
+from tfmemopt.tuning import _search
+from tfmemopt.tuning._search import Accumulation
+from tfmemopt.tuning._search import Trial
+from tfmemopt.tuning._trials import TrialRunner
 
 
 def _fmt(n) -> str:

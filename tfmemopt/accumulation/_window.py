@@ -14,9 +14,9 @@ import collections
 
 import tensorflow as tf
 
-from tfmemopt import loss_normalization as ln
+from tfmemopt.accumulation import _loss_normalization as ln
 from tfmemopt.distribute import _hooks as _dist
-from tfmemopt.micro_batching import slice_batch
+from tfmemopt.accumulation._micro_batching import slice_batch
 
 # What the first trace of a micro-step revealed (static structure):
 # `dynamic` holds the indices of the masked loss terms.

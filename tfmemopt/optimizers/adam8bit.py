@@ -1,0 +1,415 @@
+"""Adam and AdamW with blockwise 8-bit moments (bitsandbytes' scheme)."""
+
+from __future__ import annotations
+
+import warnings
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tfmemopt.optimizers import _common
+from tfmemopt.optimizers import _quantization as q
+
+_LAYOUT_KEY = "tfmemopt_layout"
+
+
+class _State:
+    """Per model variable: whether its moments are 8-bit, and their
+    variables (codes and absmax per slot, or one float32 tensor per slot).
+    A plain object, so neither Keras nor TensorFlow wraps its lists."""
+
+    def __init__(self):
+        self.is_8bit = []
+        self.slots = []
+
+
+@keras.saving.register_keras_serializable(package="tfmemopt")
+class Adam8bit(keras.optimizers.Optimizer):
+    """Adam whose two moments are stored as 8-bit codes: ~2 bytes/parameter.
+
+    Keras's `Adam` keeps two float32 moments, 8 bytes per parameter (twice a
+    float32 model). Here each moment is flattened into blocks of `block_size`
+    values; a block keeps one float32 scale (its largest absolute value) and
+    one uint8 code per value, an index into bitsandbytes' 256-entry dynamic
+    map (signed for the first moment, unsigned for the second). State:
+    `2 + 8 / block_size` bytes per parameter (2.03 at 256), 0.254x Keras's.
+
+    Each step, variable by variable, the moments are decoded to float32, the
+    Adam update is made in float32 exactly as Keras's `Adam` makes it, the
+    weights move, and the new moments are encoded again. The float32
+    temporaries exist for one variable at a time (about 20-30 bytes per
+    parameter of the largest variable; see docs/optimizers.md for measured
+    peaks). Variables smaller than `min_8bit_size` keep float32 moments, as
+    in bitsandbytes (biases, norms: few bytes, most sensitive); with a very
+    large `min_8bit_size` this optimizer is Keras's `Adam`, bit for bit.
+
+    A variable whose gradient (or new moments) holds a NaN or Inf keeps its
+    weights and state unchanged at that step; under `LossScaleOptimizer`
+    the whole step is skipped before reaching here, as usual.
+
+    Sparse gradients (`tf.IndexedSlices`, e.g. from `Embedding`): repeated
+    rows are summed first, then the update is Keras's dense one (rows absent
+    from the batch still have their moments decayed and still move). With
+    `lazy_sparse=True`, only the rows present are updated (their moments and
+    weights); the others are left alone, like TF1's `LazyAdam`.
+
+    Args:
+        learning_rate: Float, `LearningRateSchedule` or callable, defaults to
+            `0.001`.
+        beta_1: Float in [0, 1), defaults to `0.9`.
+        beta_2: Float in (0, 1), defaults to `0.999`.
+        epsilon: Float >= 0, defaults to `1e-7` (Keras's "epsilon hat").
+        amsgrad: Bool, defaults to `False`. The running maximum of the second
+            moment is a third 8-bit state.
+        block_size: Int >= 1, defaults to `256`. Values per float32 scale.
+        min_8bit_size: Int >= 0, defaults to `4096`. Variables with fewer
+            elements keep float32 moments.
+        lazy_sparse: Bool, defaults to `False`. See above.
+        weight_decay, clipnorm, clipvalue, global_clipnorm, use_ema,
+            ema_momentum, ema_overwrite_frequency, loss_scale_factor, name:
+            as in `keras.optimizers.Adam`.
+        gradient_accumulation_steps: refused; use `tfmemopt.Model(...,
+            accumulation_steps=N)` or `tfmemopt.AccumulatingOptimizer`.
+
+    Example:
+
+    >>> import keras, numpy as np, tfmemopt
+    >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    >>> model.compile(tfmemopt.optimizers.Adam8bit(min_8bit_size=0), "mse")
+    >>> _ = model.fit(np.ones((8, 4)), np.ones((8, 2)), verbose=0)
+    """
+
+    def __init__(
+        self,
+        learning_rate=0.001,
+        beta_1=0.9,
+        beta_2=0.999,
+        epsilon=1e-7,
+        amsgrad=False,
+        block_size=256,
+        min_8bit_size=4096,
+        lazy_sparse=False,
+        weight_decay=None,
+        clipnorm=None,
+        clipvalue=None,
+        global_clipnorm=None,
+        use_ema=False,
+        ema_momentum=0.99,
+        ema_overwrite_frequency=None,
+        loss_scale_factor=None,
+        gradient_accumulation_steps=None,
+        name=None,
+        **kwargs,
+    ):
+        name_ = type(self).__name__
+        _common.refuse_keras_accumulation(name_, gradient_accumulation_steps)
+        super().__init__(
+            learning_rate=learning_rate,
+            name=name,
+            weight_decay=weight_decay,
+            clipnorm=clipnorm,
+            clipvalue=clipvalue,
+            global_clipnorm=global_clipnorm,
+            use_ema=use_ema,
+            ema_momentum=ema_momentum,
+            ema_overwrite_frequency=ema_overwrite_frequency,
+            loss_scale_factor=loss_scale_factor,
+            gradient_accumulation_steps=None,
+            **kwargs,
+        )
+        self.beta_1 = _common.check_open_unit("beta_1", beta_1, True)
+        self.beta_2 = _common.check_open_unit("beta_2", beta_2)
+        self.epsilon = _common.check_nonnegative_float("epsilon", epsilon)
+        self.amsgrad = bool(amsgrad)
+        self.block_size = _common.check_positive_int("block_size", block_size)
+        self.min_8bit_size = _common.check_nonnegative_int(
+            "min_8bit_size", min_8bit_size
+        )
+        self.lazy_sparse = bool(lazy_sparse)
+        self._state = _State()
+        self._chain = _common.UpdateChain()
+
+    # -- state ---------------------------------------------------------------
+
+    @property
+    def _slot_names(self):
+        return ("m", "v", "vhat") if self.amsgrad else ("m", "v")
+
+    def _uses_8bit(self, variable) -> bool:
+        size = int(np.prod(variable.shape, dtype=np.int64))
+        return size >= max(self.min_8bit_size, 1)
+
+    def build(self, var_list):
+        if self.built:
+            return
+        for var in var_list:
+            _common.check_float_variable(type(self).__name__, var)
+        super().build(var_list)
+        strategy = tf.distribute.get_strategy()
+        for var in var_list:
+            if self._overwrite_variable_with_gradient(var):
+                self._state.is_8bit.append(None)
+                self._state.slots.append(None)
+                continue
+            prefix = (getattr(var, "path", None) or var.name).replace("/", "_")
+            prefix = prefix.replace(":", "_")
+            size = int(np.prod(var.shape, dtype=np.int64))
+            eight = self._uses_8bit(var)
+            slots = []
+            with strategy.extended.colocate_vars_with(_common.raw(var)):
+                for slot in self._slot_names:
+                    if eight:
+                        slots.append(
+                            (
+                                self.add_variable(
+                                    (size,),
+                                    initializer=keras.initializers.Constant(
+                                        q.zero_code(slot == "m")
+                                    ),
+                                    dtype="uint8",
+                                    name=f"{prefix}_{slot}_codes",
+                                ),
+                                self.add_variable(
+                                    (q.num_blocks(size, self.block_size),),
+                                    dtype="float32",
+                                    name=f"{prefix}_{slot}_absmax",
+                                ),
+                            )
+                        )
+                    else:
+                        slots.append(
+                            self.add_variable(
+                                tuple(var.shape),
+                                dtype="float32",
+                                name=f"{prefix}_{slot}",
+                            )
+                        )
+            self._state.is_8bit.append(eight)
+            self._state.slots.append(slots)
+
+    def _state_variables(self) -> list:
+        out = []
+        for slots in self._state.slots:
+            for slot in slots or ():
+                out.extend(slot if isinstance(slot, tuple) else (slot,))
+        return out
+
+    # -- update --------------------------------------------------------------
+
+    def _read(self, slot, eight, signed, shape):
+        if eight:
+            codes, absmax = slot
+            flat = q.dequantize(
+                tf.convert_to_tensor(_common.raw(codes)),
+                tf.convert_to_tensor(_common.raw(absmax)),
+                self.block_size,
+                signed,
+            )
+            return tf.reshape(flat, shape)
+        return tf.convert_to_tensor(_common.raw(slot))
+
+    def _write(self, slot, eight, signed, value, ok):
+        if eight:
+            codes, absmax = slot
+            new_codes, new_absmax = q.quantize(value, self.block_size, signed)
+            codes, absmax = _common.raw(codes), _common.raw(absmax)
+            return [
+                codes.assign(tf.where(ok, new_codes, codes), read_value=False),
+                absmax.assign(
+                    tf.where(ok, new_absmax, absmax), read_value=False
+                ),
+            ]
+        var = _common.raw(slot)
+        return [var.assign(tf.where(ok, value, var), read_value=False)]
+
+    def update_step(self, gradient, variable, learning_rate):
+        index = self._get_variable_index(variable)
+        eight = self._state.is_8bit[index]
+        slots = self._state.slots[index]
+        target = _common.raw(variable)
+        device = getattr(target, "device", "") or ""
+        f32 = tf.float32
+        with tf.control_dependencies(self._chain.deps(device)):
+            lr = tf.cast(learning_rate, f32)
+            step = tf.cast(self.iterations + 1, f32)
+            b1 = tf.cast(self.beta_1, f32)
+            b2 = tf.cast(self.beta_2, f32)
+            alpha = lr * tf.sqrt(1 - tf.pow(b2, step)) / (1 - tf.pow(b1, step))
+            shape = tuple(variable.shape)
+            state = [
+                self._read(slot, eight, name == "m", shape)
+                for slot, name in zip(slots, self._slot_names)
+            ]
+            lazy = self.lazy_sparse and isinstance(gradient, tf.IndexedSlices)
+            if lazy:
+                rows, grad = _common.dedup_rows(gradient)
+                grad = tf.cast(grad, f32)
+                rows_2d = rows[:, None]
+                old = [tf.gather(s, rows) for s in state]
+            else:
+                grad = tf.cast(_common.densify(gradient, variable), f32)
+                old = state
+            new = self._adam(grad, old)
+            delta = alpha * new[0] / (tf.sqrt(new[-1]) + self.epsilon)
+            ok = tf.reduce_all(tf.math.is_finite(delta))
+            for moment in new:
+                ok = tf.logical_and(
+                    ok, tf.reduce_all(tf.math.is_finite(moment))
+                )
+            if lazy:
+                new = [
+                    tf.tensor_scatter_nd_update(s, rows_2d, n)
+                    for s, n in zip(state, new)
+                ]
+            delta = tf.cast(
+                tf.where(ok, delta, tf.zeros_like(delta)), target.dtype
+            )
+            if lazy:
+                writes = [target.scatter_sub(tf.IndexedSlices(delta, rows))]
+            else:
+                writes = [target.assign_sub(delta, read_value=False)]
+            for slot, name, value in zip(slots, self._slot_names, new):
+                writes += self._write(slot, eight, name == "m", value, ok)
+        self._chain.record(device, writes)
+
+    def _adam(self, grad, old):
+        m, v = old[0], old[1]
+        m = m + (grad - m) * (1 - self.beta_1)
+        v = v + (tf.square(grad) - v) * (1 - self.beta_2)
+        if self.amsgrad:
+            return [m, v, tf.maximum(old[2], v)]
+        return [m, v]
+
+    # -- saving --------------------------------------------------------------
+
+    def _layout(self) -> np.ndarray:
+        return np.array(
+            [self.block_size, self.min_8bit_size, len(self._slot_names)],
+            dtype=np.int64,
+        )
+
+    def save_own_variables(self, store):
+        for i, variable in enumerate(self.variables):
+            store[str(i)] = variable.numpy()
+        store[_LAYOUT_KEY] = self._layout()
+
+    def load_own_variables(self, store):
+        keys = set(store.keys())
+        saved = None
+        if _LAYOUT_KEY in keys:
+            saved = np.asarray(store[_LAYOUT_KEY]).astype(np.int64)
+            keys.discard(_LAYOUT_KEY)
+        same = saved is not None and np.array_equal(saved, self._layout())
+        if same and len(keys) == len(self.variables):
+            for i, variable in enumerate(self.variables):
+                variable.assign(np.asarray(store[str(i)]))
+            return
+        if saved is None or not self.built or saved[2] != len(self._slot_names):
+            warnings.warn(
+                f"Skipping variable loading for optimizer '{self.name}': "
+                f"the saved state ({len(keys)} variables, layout "
+                f"{None if saved is None else saved.tolist()}) does not fit "
+                f"this optimizer ({len(self.variables)} variables, layout "
+                f"{self._layout().tolist()}, built={self.built}).",
+                stacklevel=2,
+            )
+            return
+        self._load_relayout(store, int(saved[0]), int(saved[1]))
+
+    def _load_relayout(self, store, block_size, min_8bit_size):
+        """Loads a state saved with another block size or min_8bit_size:
+        each moment is decoded with the saved layout, encoded with ours."""
+        base = len(self.variables) - len(self._state_variables())
+        for i in range(base):
+            self.variables[i].assign(np.asarray(store[str(i)]))
+        k = base
+        variables = self._trainable_variables
+        for var, eight, slots in zip(
+            variables, self._state.is_8bit, self._state.slots
+        ):
+            if slots is None:
+                continue
+            size = int(np.prod(var.shape, dtype=np.int64))
+            saved_eight = size >= max(min_8bit_size, 1)
+            for name, slot in zip(self._slot_names, slots):
+                signed = name == "m"
+                if saved_eight:
+                    value = q.dequantize(
+                        tf.constant(np.asarray(store[str(k)])),
+                        tf.constant(np.asarray(store[str(k + 1)])),
+                        block_size,
+                        signed,
+                    )
+                    k += 2
+                else:
+                    value = tf.constant(np.asarray(store[str(k)]))
+                    k += 1
+                ok = tf.constant(True)
+                value = tf.reshape(value, var.shape)
+                self._write(slot, eight, signed, value, ok)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "beta_1": self.beta_1,
+                "beta_2": self.beta_2,
+                "epsilon": self.epsilon,
+                "amsgrad": self.amsgrad,
+                "block_size": self.block_size,
+                "min_8bit_size": self.min_8bit_size,
+                "lazy_sparse": self.lazy_sparse,
+            }
+        )
+        return config
+
+
+@keras.saving.register_keras_serializable(package="tfmemopt")
+class AdamW8bit(Adam8bit):
+    """AdamW (decoupled weight decay) with blockwise 8-bit moments.
+
+    `Adam8bit` with Keras's `AdamW` weight decay: before each update,
+    `w -= w * weight_decay * learning_rate` (exactly as `keras.optimizers.
+    AdamW`), excluded variables as set by `exclude_from_weight_decay`.
+
+    Args:
+        weight_decay: Float, defaults to `0.004` (Keras's AdamW default).
+        Others: as `Adam8bit`.
+
+    Example:
+
+    >>> import tfmemopt
+    >>> opt = tfmemopt.optimizers.AdamW8bit(1e-3, weight_decay=0.01)
+    """
+
+    def __init__(
+        self,
+        learning_rate=0.001,
+        weight_decay=0.004,
+        beta_1=0.9,
+        beta_2=0.999,
+        epsilon=1e-7,
+        amsgrad=False,
+        block_size=256,
+        min_8bit_size=4096,
+        lazy_sparse=False,
+        **kwargs,
+    ):
+        if weight_decay is None:
+            raise ValueError(
+                "`weight_decay` must be a float for AdamW8bit. Received: "
+                "weight_decay=None. Use Adam8bit for no weight decay."
+            )
+        super().__init__(
+            learning_rate=learning_rate,
+            beta_1=beta_1,
+            beta_2=beta_2,
+            epsilon=epsilon,
+            amsgrad=amsgrad,
+            block_size=block_size,
+            min_8bit_size=min_8bit_size,
+            lazy_sparse=lazy_sparse,
+            weight_decay=weight_decay,
+            **kwargs,
+        )
