@@ -18,11 +18,11 @@ import os
 import keras
 import numpy as np
 import pytest
-
 from conftest import ROOT
 from conftest import run_in_subprocess
 
 FIXTURES = os.path.join(ROOT, "tests", "fixtures", "v0_1_0")
+SCRIPT = os.path.join(ROOT, "tests", "fixtures", "make_v010_fixtures.py")
 CASES = [
     "accumulation",
     "wrapped",
@@ -34,8 +34,7 @@ CASES = [
 def _fixture_module():
     """The script that wrote the files (it registers the keras-hub-style
     task class, `tfmemopt_fixtures>TinyTask`, that the wrapped file holds)."""
-    path = os.path.join(ROOT, "tests", "fixtures", "make_v010_fixtures.py")
-    spec = importlib.util.spec_from_file_location("_v010_fixtures", path)
+    spec = importlib.util.spec_from_file_location("_v010_fixtures", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -70,9 +69,7 @@ def test_v010_file_loads_predicts_and_trains(name):
     assert int(model.optimizer.iterations.numpy()) == int(saved["iterations"])
 
     before = [w.numpy().copy() for w in model.trainable_weights]
-    history = model.fit(
-        saved["x"][:4], saved["y"][:4], batch_size=4, verbose=0
-    )
+    history = model.fit(saved["x"][:4], saved["y"][:4], batch_size=4, verbose=0)
     assert np.isfinite(history.history["loss"][0])
     after = [w.numpy() for w in model.trainable_weights]
     assert any(not np.array_equal(a, b) for a, b in zip(before, after))
@@ -88,8 +85,7 @@ def test_v010_files_load_after_plain_import_tfmemopt():
         import numpy as np
         import tfmemopt
         spec = importlib.util.spec_from_file_location(
-            "_v010_fixtures", {os.path.join(ROOT, "tests", "fixtures",
-                                            "make_v010_fixtures.py")!r})
+            "_v010_fixtures", {SCRIPT!r})
         fixtures = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(fixtures)
         errors = {{}}

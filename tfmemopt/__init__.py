@@ -11,31 +11,47 @@ measure and plan memory (`callbacks.MemoryMonitor`, `estimate_memory`,
 
 __version__ = "0.1.0.dev0"
 
+from tfmemopt import accumulation
 from tfmemopt import callbacks
 from tfmemopt import checkpointing
 from tfmemopt import distribute
+from tfmemopt import estimate
 from tfmemopt import memory
-from tfmemopt.precision import _mixed_precision as mixed_precision
-from tfmemopt.accumulation._wrapped import WrappedModel
-from tfmemopt.accumulation._accumulating_optimizer import AccumulatingOptimizer
-from tfmemopt.precision._advice import check_alignment
-from tfmemopt.precision._advice import check_precision
-from tfmemopt.tuning._batch_size import find_batch_size
-from tfmemopt.tuning._batch_size import suggest_accumulation
+from tfmemopt import precision
+from tfmemopt import tuning
+from tfmemopt._legacy import alias_0_1_paths
+from tfmemopt._legacy import legacy_attribute
+from tfmemopt.accumulation import AccumulatingOptimizer
+from tfmemopt.accumulation import Model
+from tfmemopt.accumulation import WrappedModel
 from tfmemopt.checkpointing import CheckpointBlock
 from tfmemopt.checkpointing import disable_checkpointing
 from tfmemopt.checkpointing import enable_checkpointing
-from tfmemopt.estimate._estimate import MemoryEstimate
-from tfmemopt.estimate._estimate import estimate_memory
-from tfmemopt.precision._findings import pad_to_multiple
-from tfmemopt.accumulation._model import Model
-from tfmemopt.tuning._oom import oom_report
-from tfmemopt.tuning._planner import Plan
-from tfmemopt.tuning._planner import plan
+from tfmemopt.estimate import MemoryEstimate
+from tfmemopt.estimate import estimate_memory
+from tfmemopt.precision import _mixed_precision as mixed_precision
+from tfmemopt.precision import check_alignment
+from tfmemopt.precision import check_precision
+from tfmemopt.precision import pad_to_multiple
+from tfmemopt.tuning import Plan
+from tfmemopt.tuning import find_batch_size
+from tfmemopt.tuning import oom_report
+from tfmemopt.tuning import plan
+from tfmemopt.tuning import suggest_accumulation
+
+# The module paths of 0.1 (`tfmemopt.model`, `tfmemopt.oom`, ...) keep
+# importing, as the modules they moved to (see tfmemopt/_legacy.py).
+alias_0_1_paths()
+
+
+def __getattr__(name):
+    return legacy_attribute(name)
+
 
 __all__ = [
     "__version__",
     # exact gradient accumulation
+    "accumulation",
     "Model",
     "WrappedModel",
     "AccumulatingOptimizer",
@@ -45,6 +61,7 @@ __all__ = [
     "enable_checkpointing",
     "disable_checkpointing",
     # mixed precision and advice
+    "precision",
     "mixed_precision",
     "check_precision",
     "check_alignment",
@@ -54,9 +71,11 @@ __all__ = [
     # memory tools
     "memory",
     "callbacks",
+    "estimate",
     "estimate_memory",
     "MemoryEstimate",
     "find_batch_size",
+    "tuning",
     "suggest_accumulation",
     "plan",
     "Plan",

@@ -8,8 +8,8 @@ import sys
 import keras
 import pytest
 
-from tfmemopt.cli import _main as cli
 from tfmemopt import estimate_memory
+from tfmemopt.cli import _main as cli
 
 SCRIPT = os.path.join(os.path.dirname(sys.executable), "tfmemopt")
 

@@ -12,10 +12,11 @@ helpers.
 
 import numpy as np
 import pytest
-from test_distribute_multi_worker import _launch
-from test_distribute_multi_worker import _max_diff
-from test_distribute_multi_worker import _read
-from test_distribute_multi_worker import _wait
+
+from .test_distribute_multi_worker import _launch
+from .test_distribute_multi_worker import _max_diff
+from .test_distribute_multi_worker import _read
+from .test_distribute_multi_worker import _wait
 
 WORKER = r"""
 import json, os, sys

@@ -2,6 +2,7 @@
 
 import keras
 import pytest
+from tfmemopt.mixed_precision import Hardware
 
 import tfmemopt
 from tfmemopt.precision._advice import check_alignment
@@ -9,7 +10,6 @@ from tfmemopt.precision._advice import check_precision
 from tfmemopt.precision._findings import Finding
 from tfmemopt.precision._findings import Findings
 from tfmemopt.precision._findings import pad_to_multiple
-from tfmemopt.mixed_precision import Hardware
 
 
 def _mlp(policy, hidden_dtype=None, out_dtype="float32", act="softmax"):

@@ -6,10 +6,10 @@ import pytest
 import tensorflow as tf
 from conftest import measure_step_peak
 from conftest import run_in_subprocess
+from tfmemopt.mixed_precision import Hardware
 
 import tfmemopt
 from tfmemopt import mixed_precision as mp
-from tfmemopt.mixed_precision import Hardware
 
 
 @pytest.mark.parametrize(

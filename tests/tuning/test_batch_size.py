@@ -9,8 +9,8 @@ import tensorflow as tf
 from conftest import run_in_subprocess
 
 import tfmemopt
-from tfmemopt.tuning import _search
 from tfmemopt import memory
+from tfmemopt.tuning import _search
 from tfmemopt.tuning._trials import TrialRunner
 
 needs_stats = pytest.mark.skipif(

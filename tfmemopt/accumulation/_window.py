@@ -15,8 +15,8 @@ import collections
 import tensorflow as tf
 
 from tfmemopt.accumulation import _loss_normalization as ln
-from tfmemopt.distribute import _hooks as _dist
 from tfmemopt.accumulation._micro_batching import slice_batch
+from tfmemopt.distribute import _hooks as _dist
 
 # What the first trace of a micro-step revealed (static structure):
 # `dynamic` holds the indices of the masked loss terms.

@@ -9,9 +9,9 @@ import warnings
 import keras
 
 from tfmemopt.checkpointing import _policies as policies
+from tfmemopt.checkpointing._block import CheckpointBlock
 from tfmemopt.checkpointing._recompute import checkpoint_call
 from tfmemopt.checkpointing._safety import why_not_replayable
-from tfmemopt.checkpointing._block import CheckpointBlock
 
 _STATE = "_tfmemopt_checkpointing"
 _local = threading.local()
@@ -254,6 +254,8 @@ def _build_stages(model, segments, report, state):
             stages.extend((layer, needed) for layer in sub)
         else:
             block = CheckpointBlock(sub, name=f"{model.name}_ckpt{k}")
+            # Not tracked (no cycle): `add_loss` terms go to the model.
+            object.__setattr__(block, "_tfmemopt_loss_owner", model)
             stages.append((block, needed))
             report.segments.append(names)
 

@@ -2,8 +2,8 @@
 
 Each subcommand is one function registered with `@subcommand(name, help)`;
 its `arguments` function (optional) adds its options to an `argparse`
-parser. To add `tfmemopt plan`, write in this module (or in a module that
-this one imports in `_load_plugins`):
+parser. To add a command, write in this module (or in a module of
+`tfmemopt.cli` that this one imports, as it imports `_plan`):
 
     def _plan_arguments(parser):
         parser.add_argument("model")
@@ -22,26 +22,16 @@ import argparse
 import json
 import os
 import sys
-from typing import Callable
 
-# name -> (help, add_arguments(parser), run(args) -> exit code)
-COMMANDS: dict[str, tuple[str, Callable, Callable]] = {}
+from tfmemopt.cli import _plan  # noqa: F401 - registers its subcommands
+from tfmemopt.cli._commands import COMMANDS
+from tfmemopt.cli._commands import subcommand
 
 _INSTALL = {
     "nvidia-ml-py": "GPU memory through NVML (`pip install nvidia-ml-py`)",
     "matplotlib": "memory plots (`pip install matplotlib`)",
     "psutil": "host memory readings (`pip install psutil`)",
 }
-
-
-def subcommand(name: str, help: str, arguments: Callable | None = None):
-    """Registers `run(args) -> int` as `tfmemopt <name>`."""
-
-    def register(run):
-        COMMANDS[name] = (help, arguments or (lambda parser: None), run)
-        return run
-
-    return register
 
 
 def _quiet_tensorflow():
@@ -261,20 +251,8 @@ def _doctor(args) -> int:
 # --- entry point ----------------------------------------------------------
 
 
-def _load_plugins():
-    """Imports modules that register more subcommands, if they exist."""
-    import importlib
-
-    for module in ("tfmemopt.cli._plan",):
-        try:
-            importlib.import_module(module)
-        except ImportError:
-            pass
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The `tfmemopt` parser with one subparser per registered command."""
-    _load_plugins()
     parser = argparse.ArgumentParser(
         prog="tfmemopt",
         description="Memory tools for training Keras models on TensorFlow.",

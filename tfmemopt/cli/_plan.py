@@ -1,4 +1,4 @@
-"""`tfmemopt find-batch-size` and `tfmemopt plan` (loaded by `tfmemopt.cli`)."""
+"""`tfmemopt find-batch-size` and `tfmemopt plan` (see `tfmemopt.cli`)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 import os
 import sys
 
-from tfmemopt.cli._main import subcommand
+from tfmemopt.cli._commands import subcommand
 
 
 def _load(path: str, command: str):

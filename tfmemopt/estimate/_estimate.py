@@ -20,8 +20,8 @@ from tfmemopt.estimate._activation_rules import unknown_layers
 from tfmemopt.estimate._optimizer_state import _itemsize
 from tfmemopt.estimate._optimizer_state import optimizer_state_bytes
 from tfmemopt.estimate._optimizer_state import resolve_optimizer
-from tfmemopt.precision._policy_clone import rebuilt_under
 from tfmemopt.estimate._step_graph import trace_step
+from tfmemopt.precision._policy_clone import rebuilt_under
 
 _FIELDS = (
     "parameters",

@@ -51,8 +51,8 @@ def rebuild(model: keras.Model, policy: str) -> keras.Model:
 
 def apply_plan(plan, model: keras.Model, copy: bool = False) -> keras.Model:
     """See `Plan.apply`; `copy=True` never touches `model` (for verify)."""
-    from tfmemopt.checkpointing import enable_checkpointing
     from tfmemopt.accumulation._model import Model
+    from tfmemopt.checkpointing import enable_checkpointing
 
     if not isinstance(model, keras.Model) or not model.built:
         raise ValueError(
@@ -78,8 +78,8 @@ def apply_plan(plan, model: keras.Model, copy: bool = False) -> keras.Model:
 
 def measure_plan(plan, model: keras.Model, data) -> int | None:
     """Peak bytes of a few steps of `plan` applied to a copy of `model`."""
-    from tfmemopt.tuning._trials import TrialRunner
     from tfmemopt.tuning._oom import is_oom
+    from tfmemopt.tuning._trials import TrialRunner
 
     applied = apply_plan(plan, model, copy=True)
     try:

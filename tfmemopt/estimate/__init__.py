@@ -1,0 +1,16 @@
+"""How much memory one training step needs, before running it.
+
+`estimate_memory(model, batch_size, ...)` traces the model's real gradient
+graph (without running it) and returns a `MemoryEstimate`: parameters,
+gradients, optimizer state, accumulation buffers, inputs, activations kept
+for the backward pass and its temporaries, for the settings tfmemopt offers.
+See docs/estimator.md.
+"""
+
+from tfmemopt.estimate._estimate import MemoryEstimate
+from tfmemopt.estimate._estimate import estimate_memory
+
+__all__ = [
+    "MemoryEstimate",
+    "estimate_memory",
+]
