@@ -295,13 +295,12 @@ def micro_batch_losses(
 
 
 def uses_keras_compute_loss(model):
-    """True unless the model overrides `compute_loss` (then: generic)."""
-    from tfmemopt.accumulation._model import Model
+    """True unless the model overrides `compute_loss` (then: generic).
 
-    return type(model).compute_loss in (
-        keras.Model.compute_loss,
-        Model.compute_loss,
-    )
+    `tfmemopt.Model` keeps Keras's `compute_loss` (this module does not
+    import it: `_model` imports `_window`, which imports this).
+    """
+    return type(model).compute_loss is keras.Model.compute_loss
 
 
 def count_targets(losses):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import keras
 
+from tfmemopt.accumulation import _fit_hooks
 from tfmemopt.accumulation import _window
 from tfmemopt.accumulation._micro_batching import plan_micro_batches
 from tfmemopt.accumulation._micro_batching import static_batch_size
@@ -194,8 +195,12 @@ class Model(_dist.FitFixes, keras.Model):
         Returns:
             A `tfmemopt.Model` to compile and fit.
         """
-        from tfmemopt.accumulation._wrapped import WrappedModel
-
+        # `WrappedModel` subclasses this class, so this module cannot import
+        # it: it is found by the name it registers with Keras
+        # (tfmemopt/accumulation/_wrapped.py, imported by the package).
+        WrappedModel = keras.saving.get_registered_object(
+            "tfmemopt>WrappedModel"
+        )
         if not isinstance(model, keras.layers.Layer):
             raise TypeError(
                 "`Model.wrap` expects a keras.Model or keras.layers.Layer. "
@@ -247,10 +252,8 @@ class Model(_dist.FitFixes, keras.Model):
     def fit(self, *args, **kwargs):
         if self._checkpointing_policy is not None and self.built:
             self._ensure_checkpointing()
-        from tfmemopt.tuning._oom import fit_batch_size
-        from tfmemopt.tuning._oom import oom_report
-
-        with oom_report(self, batch_size=fit_batch_size(args, kwargs)):
+        # The OOM report (tfmemopt.tuning) registers here: see _fit_hooks.
+        with _fit_hooks.around_fit(self, args, kwargs):
             return super().fit(*args, **kwargs)
 
     def train_step(self, data):
