@@ -1,0 +1,155 @@
+"""How `ShardedOptimizer` cuts each variable into R partitions (pure logic).
+
+A variable of `n` elements is flattened and cut into R contiguous parts of
+`n // R` or `n // R + 1` elements (the first `n % R` replicas take one more),
+so the parts are balanced to within one element. Per-replica components of a
+distributed variable must share one shape, so every replica stores
+`c = ceil(n / R)` elements: a short part is padded with zeros at its end.
+The padding costs at most `R - 1` elements per variable and slot, whatever
+the variable's size.
+
+`ParamRef` stands for one partition when the inner optimizer is built: it
+has the partition's shape and the parameter's dtype, name and path, so the
+inner optimizer's `build` creates partition-shaped slots with the names an
+unsharded build would give them. `ParamView` is what `update_step` receives
+in place of the parameter: the replica's partition as a tensor, with
+`assign`, `assign_add` and `assign_sub` that replace that tensor. No
+persistent copy of the parameter partition is kept (that would cost as much
+as one more slot).
+"""
+
+from __future__ import annotations
+
+import math
+
+import tensorflow as tf
+
+
+class Layout:
+    """The cut of one flattened variable of `n` elements into `replicas`."""
+
+    def __init__(self, shape, replicas: int):
+        self.shape = tuple(int(d) for d in shape)
+        self.n = int(math.prod(self.shape))
+        self.replicas = int(replicas)
+        base, extra = divmod(self.n, self.replicas)
+        self.sizes = [base + (1 if r < extra else 0) for r in range(replicas)]
+        self.offsets = [sum(self.sizes[:r]) for r in range(replicas)]
+        self.c = max(self.sizes) if self.n else 0
+
+    def local(self, flat, replica: int):
+        """This replica's part of the flat `[n]` tensor, padded to `[c]`."""
+        start, size = self.offsets[replica], self.sizes[replica]
+        part = flat[start : start + size]
+        if size < self.c:
+            part = tf.pad(part, [[0, self.c - size]])
+        return part
+
+    def local_numpy(self, flat, replica: int):
+        import numpy as np
+
+        start, size = self.offsets[replica], self.sizes[replica]
+        out = np.zeros((self.c,), dtype=flat.dtype)
+        out[:size] = flat[start : start + size]
+        return out
+
+    def assemble(self, blocks):
+        """The whole variable from `[R, c]` gathered parts (tensor or numpy)."""
+        pieces = [blocks[r, : self.sizes[r]] for r in range(self.replicas)]
+        if isinstance(blocks, tf.Tensor):
+            return tf.reshape(tf.concat(pieces, 0), self.shape)
+        import numpy as np
+
+        return np.concatenate(pieces).reshape(self.shape)
+
+
+class ParamRef:
+    """A partition-shaped stand-in for a parameter during the inner build."""
+
+    overwrite_with_gradient = False
+
+    def __init__(self, variable, layout: Layout, index: int, key: str):
+        self.variable = variable
+        self.layout = layout
+        self.index = index
+        self.shape = (layout.c,)
+        self.dtype = variable.dtype
+        self.name = variable.name
+        self.path = getattr(variable, "path", variable.name)
+        self._unique_id = key
+
+    def __repr__(self):
+        return f"<partition of {self.path}: {self.shape}>"
+
+
+class ParamView:
+    """A replica's partition of a parameter, as `update_step` sees it.
+
+    Reads give the current tensor; `assign*` replace it. Enough of a
+    variable for Keras's elementwise `update_step`s: `dtype`, `shape`,
+    `name`, tensor conversion and arithmetic.
+    """
+
+    overwrite_with_gradient = False
+
+    def __init__(self, ref: ParamRef, value):
+        self._ref = ref
+        self._unique_id = ref._unique_id
+        self.name = ref.name
+        self.path = ref.path
+        self.dtype = tf.as_dtype(value.dtype)
+        self.shape = value.shape
+        self.value = value
+
+    def read_value(self):
+        return self.value
+
+    def assign(self, value, **kwargs):
+        self.value = tf.cast(tf.convert_to_tensor(value), self.dtype)
+        return self.value
+
+    def assign_add(self, value, **kwargs):
+        return self.assign(self.value + tf.cast(value, self.dtype))
+
+    def assign_sub(self, value, **kwargs):
+        return self.assign(self.value - tf.cast(value, self.dtype))
+
+    def __tf_tensor__(self, dtype=None, name=None):
+        return tf.convert_to_tensor(self.value, dtype=dtype, name=name)
+
+    def __add__(self, o):
+        return self.value + o
+
+    def __radd__(self, o):
+        return o + self.value
+
+    def __sub__(self, o):
+        return self.value - o
+
+    def __rsub__(self, o):
+        return o - self.value
+
+    def __mul__(self, o):
+        return self.value * o
+
+    def __rmul__(self, o):
+        return o * self.value
+
+    def __truediv__(self, o):
+        return self.value / o
+
+    def __rtruediv__(self, o):
+        return o / self.value
+
+    def __neg__(self):
+        return -self.value
+
+    def __pow__(self, o):
+        return self.value**o
+
+
+def _convert_view(value, dtype=None, name=None, as_ref=False):
+    return tf.convert_to_tensor(value.value, dtype=dtype, name=name)
+
+
+tf.register_tensor_conversion_function(ParamView, _convert_view)

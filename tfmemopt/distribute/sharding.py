@@ -1,0 +1,567 @@
+"""`ShardedOptimizer`: ZeRO stage 1 and 2 for `tf.distribute` in `model.fit`."""
+
+from __future__ import annotations
+
+import warnings
+
+import keras
+import tensorflow as tf
+
+from tfmemopt.distribute import _shard_state
+from tfmemopt.distribute._shard_layout import Layout
+from tfmemopt.distribute._shard_layout import ParamRef
+from tfmemopt.distribute._shard_layout import ParamView
+
+# Updates that are not elementwise over a parameter: cutting a parameter
+# would change them (factored moments, a per-layer trust ratio, a matrix
+# orthogonalisation) or their build reads the parameter's value.
+_NOT_ELEMENTWISE = {
+    "Adafactor": "its factored moments are row and column means of the "
+    "whole parameter",
+    "Lamb": "its trust ratio is the norm of the whole parameter",
+    "Muon": "it orthogonalises each whole weight matrix",
+    "ScheduleFreeAdamW": "its build copies each parameter into a slot",
+}
+
+_BASE_ARGS = (
+    "weight_decay",
+    "clipnorm",
+    "clipvalue",
+    "global_clipnorm",
+    "use_ema",
+    "ema_momentum",
+    "ema_overwrite_frequency",
+    "loss_scale_factor",
+    "gradient_accumulation_steps",
+)
+
+
+def _on_read(next_creator, **kwargs):
+    kwargs["synchronization"] = tf.VariableSynchronization.ON_READ
+    return next_creator(**kwargs)
+
+
+@keras.saving.register_keras_serializable(package="tfmemopt")
+class ShardedOptimizer(keras.optimizers.Optimizer):
+    """Partitions an optimizer's state across the replicas (ZeRO 1 and 2).
+
+    Under `MirroredStrategy` or `MultiWorkerMirroredStrategy` every replica
+    normally holds the whole optimizer state: 8 bytes per parameter for
+    Adam's two moments, on each of the R devices. Wrapped in
+    `ShardedOptimizer`, each replica keeps only its 1/R of every slot (plus
+    at most R - 1 elements of padding per variable and slot), updates its
+    1/R of the parameters from the summed gradient with the inner
+    optimizer's own `update_step`, and the replicas all-gather the updated
+    parameters. Model state per parameter with Adam goes from 16 bytes to
+    4 + 4 + 8 / R (stage 1) and, with the gradient partitioned too,
+    4 + 12 / R on paper (stage 2; see `docs/sharding.md` for what TensorFlow
+    lets stage 2 save).
+
+    Cost: one all-gather of the parameters per step (as many bytes as one
+    more all-reduce's reduce phase) on top of the gradient all-reduce.
+    Updates equal the unwrapped optimizer's elementwise; `global_clipnorm`
+    and `clipnorm` clip the summed gradient (one device's result, where
+    Keras clips each replica's part before the all-reduce); a non-finite
+    summed gradient skips the update on every replica.
+
+    With no strategy or one replica it is the inner optimizer. The state
+    saves whole, in the inner optimizer's own layout (`model.save`,
+    `save_weights`, `BackupAndRestore`), so a checkpoint written with R
+    replicas loads with any other number, or on one device.
+
+    Every elementwise Keras optimizer works inside it (SGD with momentum or
+    Nesterov, Adam, AdamW, Adamax, Nadam, RMSprop, Adagrad, Adadelta, Ftrl,
+    Lion). Adafactor, Lamb, Muon and ScheduleFreeAdamW are refused.
+    Sparse (`tf.IndexedSlices`) gradients are made dense before the
+    all-reduce: Adam then sees each row's summed gradient (Keras squares
+    each occurrence of a repeated row instead) and rows absent from the batch
+    still decay their moments.
+
+    `variables` is empty: `ShardedOptimizer` saves the whole state itself
+    (a `LossScaleOptimizer` around it must not read the per-replica parts).
+    `state_variables` lists the variables that hold it.
+
+    Args:
+        inner_optimizer: A `keras.optimizers.Optimizer`, created inside the
+            strategy's scope and not yet built.
+        stage: Int, defaults to `1`. `1` partitions the optimizer state; `2`
+            also leaves each replica only its partition of the summed
+            gradient.
+        name: String, defaults to `None`.
+
+    Example:
+
+    ```python
+    strategy = tf.distribute.MirroredStrategy()
+    with strategy.scope():
+        model = make_model()
+        model.compile(
+            optimizer=tfmemopt.ShardedOptimizer(keras.optimizers.AdamW(1e-3)),
+            loss="mse",
+        )
+    model.fit(x, y, batch_size=64)
+    ```
+    """
+
+    def __init__(self, inner_optimizer, stage: int = 1, name=None, **kwargs):
+        for arg in _BASE_ARGS:
+            if arg in kwargs:
+                value = kwargs.pop(arg)
+                if value not in (None, False, 0.99):
+                    raise ValueError(
+                        f"ShardedOptimizer does not take `{arg}`; set it on "
+                        f"the inner optimizer instead. Received: {arg}={value}"
+                    )
+        if kwargs:
+            raise ValueError(
+                "ShardedOptimizer got unknown arguments: "
+                f"{sorted(kwargs)}. Expected `inner_optimizer`, `stage` and "
+                "`name`."
+            )
+        _check_inner(inner_optimizer)
+        if isinstance(stage, bool) or stage not in (1, 2):
+            raise ValueError(
+                "`stage` must be 1 (partition the optimizer state) or 2 "
+                "(also the summed gradient). Received: "
+                f"stage={stage!r} (of type {type(stage).__name__})."
+            )
+        super().__init__(learning_rate=0.0, name=name)
+        self.inner_optimizer = inner_optimizer
+        self.stage = int(stage)
+        self._plan = None
+
+    # -- forwarding, as LossScaleOptimizer does -------------------------
+    @property
+    def learning_rate(self):
+        return self.inner_optimizer.learning_rate
+
+    @learning_rate.setter
+    def learning_rate(self, learning_rate):
+        self.inner_optimizer.learning_rate = learning_rate
+
+    @property
+    def iterations(self):
+        return self.inner_optimizer.iterations
+
+    @property
+    def variables(self):
+        return []
+
+    @property
+    def state_variables(self):
+        """The variables that hold the inner optimizer's state."""
+        return list(self.inner_optimizer.variables)
+
+    @property
+    def replicas(self) -> int:
+        """Replicas the state is cut into (1 until built, or unsharded)."""
+        return 1 if self._plan is None else self._plan.replicas
+
+    def scale_loss(self, loss):
+        return self.inner_optimizer.scale_loss(loss)
+
+    # -- build ------------------------------------------------------------
+    def build(self, var_list):
+        if self.built:
+            return
+        inner = self.inner_optimizer
+        strategy = tf.distribute.get_strategy()
+        own = getattr(inner, "_distribution_strategy", strategy)
+        if own is not strategy:
+            raise ValueError(
+                f"The inner optimizer {inner.name!r} was created under "
+                f"another tf.distribute strategy ({type(own).__name__}) than "
+                f"the one building it ({type(strategy).__name__}). Create "
+                "the optimizer (and the ShardedOptimizer) inside "
+                "`with strategy.scope():`."
+            )
+        if isinstance(strategy, tf.distribute.experimental.TPUStrategy) or (
+            type(strategy).__name__.startswith("TPU")
+        ):
+            raise ValueError(
+                "tfmemopt.ShardedOptimizer does not support TPUStrategy: TPU "
+                "replicas know their index only at run time and TPUs keep "
+                "their own sharded-variable machinery. Use the inner "
+                "optimizer unwrapped on TPUs."
+            )
+        if inner.built:
+            raise ValueError(
+                f"The inner optimizer {inner.name!r} is already built; "
+                "ShardedOptimizer must create its (partitioned) state. Pass "
+                "a new, unbuilt optimizer."
+            )
+        # The whole state is saved by this wrapper; the inner must not save
+        # (or load) its per-replica parts again as a child object.
+        object.__setattr__(inner, "save_own_variables", _nothing)
+        object.__setattr__(inner, "load_own_variables", _nothing)
+        replicas = strategy.num_replicas_in_sync
+        if replicas == 1:
+            inner.build(var_list)
+            self._plan = None
+        else:
+            self._plan = _build_sharded(inner, list(var_list), replicas)
+            self._plan.strategy = strategy
+        super().build(var_list)
+
+    # -- apply --------------------------------------------------------------
+    def apply(self, grads, trainable_variables=None):
+        if not self.built:
+            if trainable_variables is None:
+                raise ValueError(
+                    "Call `optimizer.build(trainable_variables)` first or "
+                    "pass the variables to `apply`."
+                )
+            with keras.name_scope(self.name, caller=self):
+                self.build(list(trainable_variables))
+        if self._plan is None:
+            self.inner_optimizer.apply(grads, trainable_variables)
+            return
+        if tf.distribute.in_cross_replica_context():
+            raise ValueError(
+                "ShardedOptimizer.apply() must be called in a replica "
+                "context (inside `strategy.run`, as `model.fit` does)."
+            )
+        if trainable_variables is None:
+            trainable_variables = self._trainable_variables
+        with keras.name_scope(self.name, caller=self):
+            _sharded_apply(self, list(grads), list(trainable_variables))
+
+    def finalize_variable_values(self, var_list):
+        inner = self.inner_optimizer
+        if self._plan is None or not inner.use_ema:
+            inner.finalize_variable_values(var_list)
+            return
+        plan = self._plan
+        averages = [plan.slot_of[id(a)] for a in _averages(inner)]
+        whole, _ = _shard_state.read_whole(plan.strategy, averages, [])
+        by_key = {inner._var_key(v): w for v, w in zip(plan.params, whole)}
+        for v in var_list:
+            value = by_key.get(inner._var_key(v))
+            if value is not None:
+                v.assign(value)
+
+    # -- whole-tensor checkpoints --------------------------------------------
+    def save_own_variables(self, store):
+        inner = self.inner_optimizer
+        if self._plan is None:
+            type(inner).save_own_variables(inner, store)
+            return
+        plan = self._plan
+        whole, same = _shard_state.read_whole(
+            plan.strategy, plan.partitioned, plan.replicated
+        )
+        values = {id(v): w for (v, _), w in zip(plan.partitioned, whole)}
+        values.update({id(v): w for v, w in zip(plan.replicated, same)})
+        for i, v in enumerate(inner.variables):
+            value = values.get(id(v))
+            store[str(i)] = v.numpy() if value is None else value
+
+    def load_own_variables(self, store):
+        inner = self.inner_optimizer
+        if self._plan is None:
+            type(inner).load_own_variables(inner, store)
+            return
+        variables = inner.variables
+        if len(store.keys()) != len(variables):
+            warnings.warn(
+                f"Skipping the state of optimizer {self.name!r}: it has "
+                f"{len(variables)} variables, the checkpoint has "
+                f"{len(store.keys())} (a different optimizer?).",
+                stacklevel=2,
+            )
+            return
+        plan = self._plan
+        saved = {id(v): store[str(i)] for i, v in enumerate(variables)}
+        for v in variables:
+            if id(v) not in plan.slot_of and v not in plan.replicated:
+                v.assign(saved[id(v)])
+        _shard_state.write_whole(
+            plan.strategy,
+            plan.partitioned,
+            [saved[id(v)] for v, _ in plan.partitioned],
+            plan.replicated,
+            [saved[id(v)] for v in plan.replicated],
+        )
+
+    # -- config ------------------------------------------------------------
+    def get_config(self):
+        return {
+            "name": self.name,
+            "inner_optimizer": keras.saving.serialize_keras_object(
+                self.inner_optimizer
+            ),
+            "stage": self.stage,
+        }
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        inner = keras.saving.deserialize_keras_object(
+            config.pop("inner_optimizer"), custom_objects=custom_objects
+        )
+        return cls(inner, **config)
+
+
+def _nothing(store):
+    del store
+
+
+def _check_inner(inner):
+    if isinstance(inner, ShardedOptimizer):
+        raise TypeError(
+            "The optimizer is already a ShardedOptimizer; wrap the inner "
+            "optimizer only once: ShardedOptimizer(keras.optimizers.AdamW())."
+        )
+    if isinstance(inner, keras.optimizers.LossScaleOptimizer):
+        raise TypeError(
+            "Wrap the other way round: "
+            "LossScaleOptimizer(ShardedOptimizer(inner)), or let "
+            "`compile()` add the LossScaleOptimizer under mixed_float16."
+        )
+    if not isinstance(inner, keras.optimizers.Optimizer):
+        raise TypeError(
+            "`inner_optimizer` must be a keras.optimizers.Optimizer instance, "
+            f"e.g. keras.optimizers.AdamW(1e-3). Received: {inner!r} "
+            f"(of type {type(inner).__name__})."
+        )
+    for cls in type(inner).__mro__:
+        reason = _NOT_ELEMENTWISE.get(cls.__name__)
+        if reason and cls.__module__.startswith("keras"):
+            raise ValueError(
+                f"ShardedOptimizer cannot partition {type(inner).__name__}: "
+                f"{reason}, so an update on a partition would differ. Use an "
+                "elementwise optimizer (SGD, Adam, AdamW, Adamax, Nadam, "
+                "RMSprop, Adagrad, Lion) or leave this one unwrapped."
+            )
+    if inner.gradient_accumulation_steps:
+        raise ValueError(
+            "ShardedOptimizer does not support the inner optimizer's "
+            "`gradient_accumulation_steps` (it crashes under MirroredStrategy "
+            "and advances schedules per micro-step). Use "
+            "tfmemopt.Model(..., accumulation_steps=N) instead."
+        )
+
+
+class _Plan:
+    """What `build` decided: the cut of each parameter and the state."""
+
+    def __init__(self, replicas, params, refs, partitioned, replicated):
+        self.replicas = replicas
+        self.params = params
+        self.refs = refs
+        self.partitioned = partitioned
+        self.replicated = replicated
+        self.slot_of = {id(v): (v, layout) for v, layout in partitioned}
+        self.strategy = None
+
+
+def _averages(inner):
+    return [
+        a
+        for a in getattr(inner, "_model_variables_moving_average", []) or []
+        if a is not None
+    ]
+
+
+def _build_sharded(inner, params, replicas):
+    refs = [
+        ParamRef(v, Layout(v.shape, replicas), i, f"tfmemopt_shard_{i}")
+        for i, v in enumerate(params)
+    ]
+    made = {}
+
+    def from_reference(reference_variable, name=None, initializer="zeros"):
+        ref = reference_variable
+        if not isinstance(ref, ParamRef):
+            raise ValueError(
+                f"ShardedOptimizer cannot partition {type(inner).__name__}: "
+                "its build asked for a slot shaped like something other than "
+                f"a parameter ({ref!r})."
+            )
+        var = inner.add_variable(
+            shape=ref.shape,
+            initializer=initializer,
+            dtype=ref.dtype,
+            name=f"{ref.path.replace('/', '_')}_{name or 'var'}",
+        )
+        made[id(var)] = (var, ref.layout)
+        return var
+
+    before = {id(v) for v in inner.variables}
+    object.__setattr__(inner, "add_variable_from_reference", from_reference)
+    try:
+        with tf.variable_creator_scope(_on_read):
+            inner.build(refs)
+    finally:
+        object.__delattr__(inner, "add_variable_from_reference")
+    partitioned, replicated = [], []
+    for v in inner.variables:
+        if id(v) in made:
+            partitioned.append(made[id(v)])
+        elif id(v) not in before:
+            if len(v.shape) != 0:
+                raise ValueError(
+                    f"ShardedOptimizer cannot partition {type(inner).__name__}"
+                    f": its build creates {v.path!r} of shape {v.shape}, not "
+                    "a slot shaped like a parameter. Leave it unwrapped."
+                )
+            replicated.append(v)
+    return _Plan(replicas, params, refs, partitioned, replicated)
+
+
+def _dense_flat(g):
+    if isinstance(g, tf.IndexedSlices):
+        g = tf.convert_to_tensor(g)
+    return tf.reshape(g, [-1])
+
+
+def _reduce(opt, ctx, r, flats, layouts):
+    """Summed gradient partitions `[c]` of this replica, and the sums."""
+    plan = opt._plan
+    if opt.stage == 1:
+        summed = ctx.all_reduce(tf.distribute.ReduceOp.SUM, flats)
+        return [lay.local(s, r) for s, lay in zip(summed, layouts)], summed
+    # Stage 2: every replica lays its gradients out as [R, C] (row q holds
+    # replica q's partitions) and keeps row r of the sum.
+    del plan
+    rows = []
+    for f, lay in zip(flats, layouts):
+        rows.append(tf.stack([lay.local(f, q) for q in range(lay.replicas)], 0))
+    buffer = tf.concat(rows, 1)
+    mine = _reduce_scatter(ctx, buffer, r)
+    parts, start = [], 0
+    for lay in layouts:
+        parts.append(mine[start : start + lay.c])
+        start += lay.c
+    return parts, None
+
+
+def _reduce_scatter(ctx, buffer, r):
+    """Row r of the sum over replicas of the `[R, C]` buffer."""
+    summed = ctx.all_reduce(tf.distribute.ReduceOp.SUM, buffer)
+    return summed[r]
+
+
+def _sum_squares(ctx, opt, parts, summed):
+    """Per-gradient sums of squares and the non-finite count, all replicas."""
+    if summed is not None:
+        source = summed
+    else:
+        source = parts
+    sq = [tf.reduce_sum(tf.square(tf.cast(s, tf.float32))) for s in source]
+    bad = tf.add_n(
+        [
+            tf.reduce_sum(
+                tf.cast(tf.logical_not(tf.math.is_finite(s)), tf.float32)
+            )
+            for s in source
+        ]
+    )
+    stats = tf.stack(sq + [bad])
+    if summed is None:
+        stats = ctx.all_reduce(tf.distribute.ReduceOp.SUM, stats)
+    return stats[:-1], stats[-1]
+
+
+def _clip(inner, parts, sq):
+    if inner.clipnorm and inner.clipnorm > 0:
+        out = []
+        for p, s in zip(parts, tf.unstack(sq)):
+            norm = tf.sqrt(s)
+            clip = tf.cast(inner.clipnorm, tf.float32)
+            ratio = clip / tf.maximum(norm, clip)
+            out.append(p * tf.cast(ratio, p.dtype))
+        return out
+    if inner.global_clipnorm and inner.global_clipnorm > 0:
+        norm = tf.sqrt(tf.reduce_sum(sq))
+        clip = tf.cast(inner.global_clipnorm, tf.float32)
+        scale = clip * tf.minimum(1.0 / norm, 1.0 / clip) + (norm - norm)
+        return [p * tf.cast(scale, p.dtype) for p in parts]
+    if inner.clipvalue and inner.clipvalue > 0:
+        v = inner.clipvalue
+        return [tf.clip_by_value(p, -v, v) for p in parts]
+    return parts
+
+
+def _sharded_apply(opt, grads, variables):
+    inner = opt.inner_optimizer
+    plan = opt._plan
+    ctx = tf.distribute.get_replica_context()
+    r = _shard_state.replica_id(ctx)
+    index = {inner._var_key(p): i for i, p in enumerate(plan.params)}
+    pairs = []
+    for g, v in zip(grads, variables):
+        if g is None:
+            continue
+        key = inner._var_key(v)
+        if key not in index:
+            raise ValueError(
+                f"Unknown variable {v.path!r}: this ShardedOptimizer was "
+                "built for other variables."
+            )
+        pairs.append((g, index[key]))
+    if not pairs:
+        raise ValueError("No gradients provided for any variable.")
+    flats = [_dense_flat(g) for g, _ in pairs]
+    if inner.loss_scale_factor is not None:
+        flats = [f / inner.loss_scale_factor for f in flats]
+    layouts = [plan.refs[i].layout for _, i in pairs]
+    parts, summed = _reduce(opt, ctx, r, flats, layouts)
+    sq, bad = _sum_squares(ctx, opt, parts, summed)
+    parts = _clip(inner, parts, sq)
+    finite = tf.equal(bad, 0.0)
+
+    current = [
+        plan.refs[i].layout.local(tf.reshape(tf.convert_to_tensor(p), [-1]), r)
+        for i, p in enumerate(plan.params)
+    ]
+    lr = inner.learning_rate
+
+    def update():
+        views = [ParamView(ref, x) for ref, x in zip(plan.refs, current)]
+        if isinstance(inner, keras.optimizers.Nadam):
+            # Nadam keeps a running product outside update_step.
+            u = inner._u_product
+            dtype = u.dtype
+            inner.assign(
+                u,
+                u
+                * inner.beta_1
+                * (
+                    1.0
+                    - 0.5
+                    * keras.ops.power(
+                        0.96, keras.ops.cast(inner.iterations + 1, dtype)
+                    )
+                ),
+            )
+        if inner.weight_decay is not None:
+            for _, i in pairs:
+                if inner._use_weight_decay(plan.params[i]):
+                    view = views[i]
+                    rate = tf.cast(lr, view.dtype)
+                    wd = tf.cast(inner.weight_decay, view.dtype)
+                    view.assign_sub(view.value * wd * rate)
+        for g, (_, i) in zip(parts, pairs):
+            inner.update_step(g, views[i], lr)
+        new = [view.value for view in views]
+        if inner.use_ema:
+            inner._update_model_variables_moving_average(views)
+            if inner.ema_overwrite_frequency:
+                overwrite = tf.equal(
+                    (inner.iterations + 1) % inner.ema_overwrite_frequency, 0
+                )
+                averages = [tf.convert_to_tensor(a) for a in _averages(inner)]
+                new = [tf.where(overwrite, a, n) for a, n in zip(averages, new)]
+        return new
+
+    new = tf.cond(finite, update, lambda: list(current))
+    if not isinstance(new, (list, tuple)):
+        new = [new]
+    blocks = _shard_state.gather_by_dtype(ctx, list(new), plan.replicas)
+    for p, ref, block in zip(plan.params, plan.refs, blocks):
+        value = ref.layout.assemble(block)
+        if getattr(p, "constraint", None) is not None:
+            value = p.constraint(value)
+        p.assign(value)
+    inner.iterations.assign_add(tf.cast(finite, inner.iterations.dtype))
