@@ -13,42 +13,17 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import re
 from typing import Iterator
 
 import tensorflow as tf
 
 from tfmemopt import memory
-
-_OOM_TEXT = (
-    "out of memory",
-    "oom when allocating",
-    "resource_exhausted",
-    "resource exhausted",
-)
-
-
-def is_oom(error: BaseException) -> bool:
-    """Whether `error` is TensorFlow (or XLA) running out of device memory."""
-    if isinstance(error, tf.errors.ResourceExhaustedError):
-        return True
-    if isinstance(error, (tf.errors.InternalError, tf.errors.UnknownError)):
-        text = str(error).lower()
-        return any(t in text for t in _OOM_TEXT)
-    return False
-
-
-def first_line(error: BaseException, limit: int = 300) -> str:
-    """The line of `error` that says what ran out (Keras wraps the text)."""
-    lines = [
-        re.sub(r"\x1b\[[0-9;]*m", "", line).strip()
-        for line in str(error).splitlines()
-    ]
-    lines = [line for line in lines if line]
-    for line in lines:
-        if any(t in line.lower() for t in _OOM_TEXT):
-            return line[:limit]
-    return (lines[0] if lines else type(error).__name__)[:limit]
+from tfmemopt.accumulation._fit_hooks import add_fit_hook
+from tfmemopt.estimate import estimate_memory
+from tfmemopt.tuning._errors import first_line
+from tfmemopt.tuning._errors import is_oom
+from tfmemopt.tuning._planner import plan
+from tfmemopt.tuning._trials import default_device
 
 
 def _mib(n) -> str:
@@ -134,8 +109,6 @@ def build_report(
     device: str | None = None,
 ) -> OOMReport:
     """An `OOMReport` for `error`; no part of it ever raises."""
-    from tfmemopt.tuning._trials import default_device
-
     try:
         device = device or default_device()
     except Exception:  # noqa: BLE001 - a report must never fail
@@ -158,8 +131,6 @@ def build_report(
         )
         return report
     try:
-        from tfmemopt.estimate._estimate import estimate_memory
-
         report.estimate = estimate_memory(
             model, batch_size, optimizer=getattr(model, "optimizer", None)
         )
@@ -177,8 +148,6 @@ def build_report(
         )
         return report
     try:
-        from tfmemopt.tuning._planner import plan
-
         report.plan = plan(model, batch_size, budget)
     except Exception as e:  # noqa: BLE001
         report.plan_error = f"{type(e).__name__}: {e}"
@@ -247,3 +216,9 @@ def oom_report(
             raise
         report = build_report(e, model, batch_size, memory_budget, device)
         raise OutOfMemoryError(report, e) from e
+
+
+@add_fit_hook
+def _report_around_fit(model, args: tuple, kwargs: dict):
+    """`tfmemopt.Model.fit` runs inside this (registered on import)."""
+    return oom_report(model, batch_size=fit_batch_size(args, kwargs))

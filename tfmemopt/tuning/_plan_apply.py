@@ -78,7 +78,7 @@ def apply_plan(plan, model: keras.Model, copy: bool = False) -> keras.Model:
 
 def measure_plan(plan, model: keras.Model, data) -> int | None:
     """Peak bytes of a few steps of `plan` applied to a copy of `model`."""
-    from tfmemopt.tuning._oom import is_oom
+    from tfmemopt.tuning._errors import is_oom
     from tfmemopt.tuning._trials import TrialRunner
 
     applied = apply_plan(plan, model, copy=True)

@@ -19,8 +19,8 @@ import numpy as np
 import tensorflow as tf
 
 from tfmemopt import memory
-from tfmemopt.tuning._oom import first_line
-from tfmemopt.tuning._oom import is_oom
+from tfmemopt.tuning._errors import first_line
+from tfmemopt.tuning._errors import is_oom
 
 _POOL = 256
 
