@@ -17,6 +17,7 @@ from tfmemopt import checkpointing
 from tfmemopt import distribute
 from tfmemopt import estimate
 from tfmemopt import memory
+from tfmemopt import optimizers
 from tfmemopt import precision
 from tfmemopt import tuning
 from tfmemopt._legacy import alias_0_1_paths
@@ -68,6 +69,8 @@ __all__ = [
     "pad_to_multiple",
     # distribution
     "distribute",
+    # optimizers with small state
+    "optimizers",
     # memory tools
     "memory",
     "callbacks",
