@@ -17,9 +17,11 @@ from tfmemopt.distribute._auto_strategy import auto_strategy
 from tfmemopt.distribute._auto_strategy import describe
 from tfmemopt.distribute._environment import Environment
 from tfmemopt.distribute._environment import detect_environment
+from tfmemopt.distribute.sharding import ShardedOptimizer
 
 __all__ = [
     "Environment",
+    "ShardedOptimizer",
     "auto_strategy",
     "describe",
     "detect_environment",
