@@ -31,6 +31,7 @@ test: venv
 lint: venv
 	$(BIN)/ruff check tfmemopt tests examples benchmarks
 	$(BIN)/ruff format --check tfmemopt tests examples benchmarks
+	$(BIN)/lint-imports
 
 format: venv
 	$(BIN)/ruff format tfmemopt tests examples benchmarks

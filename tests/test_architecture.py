@@ -1,0 +1,113 @@
+"""The package's shape holds: imports go one way, no cycles, no keras.src.
+
+`lint-imports` checks the contracts in pyproject.toml ([tool.importlinter]):
+the layers (cli > callbacks > tuning > estimate > accumulation | optimizers >
+checkpointing > memory | distribute | precision > shared helpers) and the
+independence of the low techniques. grimp, under it, reads every import
+statement, also those written inside functions.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import grimp
+import pytest
+from conftest import ROOT
+
+LINT = os.path.join(os.path.dirname(sys.executable), "lint-imports")
+
+
+def _lint(cwd, pythonpath):
+    env = dict(os.environ, PYTHONPATH=pythonpath)
+    return subprocess.run(
+        [LINT, "--no-cache"],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_import_contracts_are_kept():
+    proc = _lint(ROOT, ROOT)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert "0 broken" in proc.stdout
+
+
+def test_an_upward_import_inside_a_function_breaks_the_contract(tmp_path):
+    """What CI would see if `memory` reached up into `tuning` lazily."""
+    shutil.copytree(
+        os.path.join(ROOT, "tfmemopt"),
+        tmp_path / "tfmemopt",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    shutil.copy(os.path.join(ROOT, "pyproject.toml"), tmp_path)
+    with open(tmp_path / "tfmemopt" / "memory" / "_device.py", "a") as f:
+        f.write(
+            "\n\ndef _upward():\n"
+            "    from tfmemopt.tuning import plan\n\n"
+            "    return plan\n"
+        )
+    proc = _lint(tmp_path, str(tmp_path))
+    assert proc.returncode != 0
+    assert "tfmemopt.memory is not allowed to import tfmemopt.tuning" in (
+        proc.stdout
+    ), proc.stdout[-4000:]
+
+
+def _strongly_connected(edges):
+    """Groups of two or more nodes that reach each other (Tarjan)."""
+    index, low, stack, on_stack, groups = {}, {}, [], set(), []
+    counter = [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for v in list(edges):
+        if v not in index:
+            visit(v)
+    return groups
+
+
+@pytest.mark.parametrize("level", ["module", "subpackage"])
+def test_no_import_cycles(level):
+    graph = grimp.build_graph("tfmemopt", cache_dir=None)
+    edges = {}
+    for importer in graph.modules:
+        for imported in graph.find_modules_directly_imported_by(importer):
+            a, b = importer, imported
+            if level == "subpackage":
+                a, b = (".".join(m.split(".")[:2]) for m in (a, b))
+            if a != b:
+                edges.setdefault(a, set()).add(b)
+    assert _strongly_connected(edges) == []
+
+
+def test_cycle_finder_finds_a_cycle():
+    assert _strongly_connected({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [
+        ["a", "b", "c"]
+    ]
