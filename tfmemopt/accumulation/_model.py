@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import keras
 
+from tfmemopt._compat import functional_class
+from tfmemopt._utils import check_int
 from tfmemopt.accumulation import _fit_hooks
 from tfmemopt.accumulation import _window
 from tfmemopt.accumulation._micro_batching import plan_micro_batches
@@ -22,34 +24,12 @@ from tfmemopt.distribute import _hooks as _dist
 _CONFIG_KEYS = ("accumulation_steps", "micro_batch_size", "checkpointing")
 
 
-def _check_positive_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(
-            f"`{name}` must be an integer >= 1. Received: {name}={value!r} "
-            f"(of type {type(value).__name__})."
-        )
-    if value < 1:
-        raise ValueError(
-            f"`{name}` must be an integer >= 1. Received: {name}={value} "
-            f"(of type {type(value).__name__})."
-        )
-
-
 def _functional_arguments(args, kwargs) -> bool:
     return (
         (len(args) == 2)
         or (len(args) == 1 and "outputs" in kwargs)
         or ("inputs" in kwargs and "outputs" in kwargs)
     )
-
-
-def _keras_functional_class():
-    """Keras's `Functional` class, found without importing `keras.src`."""
-    for subclass in keras.Model.__subclasses__():
-        if subclass.__name__ == "Functional":
-            return subclass
-    inputs = keras.Input((1,))
-    return type(keras.Model(inputs, keras.layers.Identity()(inputs)))
 
 
 def _inner_optimizer(optimizer):
@@ -141,11 +121,11 @@ class Model(_dist.FitFixes, keras.Model):
         if micro_batch_size is None and accumulation_steps is None:
             accumulation_steps = 1
         if accumulation_steps is not None:
-            _check_positive_int("accumulation_steps", accumulation_steps)
+            check_int("accumulation_steps", accumulation_steps)
         if micro_batch_size is not None:
-            _check_positive_int("micro_batch_size", micro_batch_size)
+            check_int("micro_batch_size", micro_batch_size)
         if _functional_arguments(args, kwargs):
-            _keras_functional_class().__init__(self, *args, **kwargs)
+            functional_class().__init__(self, *args, **kwargs)
         else:
             keras.Model.__init__(self, *args, **kwargs)
         self._accumulation_steps = accumulation_steps
@@ -298,7 +278,7 @@ _FUNCTIONAL_VARIANTS = {}
 
 def _functional_variant(cls):
     """`cls` combined with Keras's `Functional` (made once per class)."""
-    functional = _keras_functional_class()
+    functional = functional_class()
     if issubclass(cls, functional):
         return cls
     if cls not in _FUNCTIONAL_VARIANTS:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import keras
 
+from tfmemopt._compat import call_takes
 from tfmemopt.accumulation._model import Model
 
 
@@ -41,11 +42,9 @@ class WrappedModel(Model):
 
     def call(self, inputs, training=None, mask=None):
         kwargs = {}
-        if getattr(self.model, "_call_has_training_arg", True):
+        if call_takes(self.model, "training"):
             kwargs["training"] = training
-        if mask is not None and getattr(
-            self.model, "_call_has_mask_arg", False
-        ):
+        if mask is not None and call_takes(self.model, "mask"):
             kwargs["mask"] = mask
         return self.model(inputs, **kwargs)
 
