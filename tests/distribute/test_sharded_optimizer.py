@@ -8,7 +8,6 @@ partitions are the same arithmetic) and be as close to one device as plain
 Keras is (the all-reduce order), measured in the same run.
 """
 
-import numpy as np
 import pytest
 from conftest import run_in_subprocess
 
