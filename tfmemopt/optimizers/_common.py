@@ -3,6 +3,7 @@ gradients, one-variable-at-a-time ordering of the update temporaries."""
 
 from __future__ import annotations
 
+import contextlib
 import numbers
 
 import keras
@@ -90,6 +91,15 @@ def raw(variable):
     if isinstance(variable, keras.Variable):
         return variable.value
     return variable
+
+
+def colocated(strategy, variable):
+    """Creates slots next to `variable` (a no-op for stand-ins that are not
+    variables, e.g. ShardedOptimizer's partition references)."""
+    target = raw(variable)
+    if isinstance(target, tf.Variable):
+        return strategy.extended.colocate_vars_with(target)
+    return contextlib.nullcontext()
 
 
 def dedup_rows(grad: tf.IndexedSlices) -> tuple[tf.Tensor, tf.Tensor]:

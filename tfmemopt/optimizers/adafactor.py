@@ -156,7 +156,7 @@ class Adafactor(keras.optimizers.Optimizer):
             prefix = (getattr(var, "path", None) or var.name).replace("/", "_")
             prefix = prefix.replace(":", "_")
             shape = tuple(var.shape)
-            with strategy.extended.colocate_vars_with(_common.raw(var)):
+            with _common.colocated(strategy, var):
                 if len(shape) >= 2:
                     second = (
                         self.add_variable(

@@ -157,7 +157,7 @@ class Adam8bit(keras.optimizers.Optimizer):
             size = int(np.prod(var.shape, dtype=np.int64))
             eight = self._uses_8bit(var)
             slots = []
-            with strategy.extended.colocate_vars_with(_common.raw(var)):
+            with _common.colocated(strategy, var):
                 for slot in self._slot_names:
                     if eight:
                         slots.append(
