@@ -427,16 +427,16 @@ def test_save_mid_window_restore_in_fresh_process(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "steps, match",
+    "steps, error, match",
     [
-        (0, "integer >= 1"),
-        (2.0, "integer >= 1"),
-        (True, "integer >= 1"),
-        ("4", "accumulation_steps=4"),
+        (0, ValueError, "integer >= 1"),
+        (2.0, TypeError, "integer >= 1"),
+        (True, TypeError, "integer >= 1"),
+        ("4", TypeError, "accumulation_steps=4"),
     ],
 )
-def test_bad_accumulation_steps(steps, match):
-    with pytest.raises(ValueError, match=match):
+def test_bad_accumulation_steps(steps, error, match):
+    with pytest.raises(error, match=match):
         AccumulatingOptimizer(keras.optimizers.SGD(), steps)
 
 

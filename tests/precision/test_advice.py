@@ -290,7 +290,7 @@ def test_pad_to_multiple(n, multiple, expected):
 
 
 def test_bad_input_messages():
-    with pytest.raises(ValueError, match="`multiple` must be an int >= 1"):
+    with pytest.raises(ValueError, match="`multiple` must be an integer >= 1"):
         pad_to_multiple(10, 0)
     with pytest.raises(TypeError, match="n=10.5 \\(of type float\\)"):
         pad_to_multiple(10.5, 8)

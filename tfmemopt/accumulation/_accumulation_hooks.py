@@ -24,6 +24,7 @@ import keras
 import tensorflow as tf
 from keras import ops
 
+from tfmemopt._utils import check_int
 from tfmemopt.distribute._keras_fixes import check_jit_replicas
 
 _ORIGINAL = "_tfmemopt_original_non_finite_handler"
@@ -42,18 +43,12 @@ _BASE_DEFAULTS = {
 
 
 def _check_steps(accumulation_steps) -> int:
-    if (
-        isinstance(accumulation_steps, bool)
-        or not isinstance(accumulation_steps, int)
-        or accumulation_steps < 1
-    ):
-        raise ValueError(
-            "`accumulation_steps` must be an integer >= 1. Received: "
-            f"accumulation_steps={accumulation_steps!r} (of type "
-            f"{type(accumulation_steps).__name__}). Pass the number of "
-            "micro-batches per optimizer update, e.g. accumulation_steps=4."
-        )
-    return accumulation_steps
+    return check_int(
+        "accumulation_steps",
+        accumulation_steps,
+        hint="Pass the number of micro-batches per optimizer update, e.g. "
+        "accumulation_steps=4.",
+    )
 
 
 def _check_inner(cls, inner_optimizer) -> None:

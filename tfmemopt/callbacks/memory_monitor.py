@@ -7,6 +7,7 @@ import warnings
 import keras
 
 from tfmemopt import memory
+from tfmemopt._utils import check_int
 from tfmemopt.callbacks._devices import candidate_devices
 from tfmemopt.callbacks._devices import check_device_name
 from tfmemopt.callbacks._devices import no_stats_message
@@ -106,16 +107,7 @@ class MemoryMonitor(keras.callbacks.Callback):
                 f"Received: devices={devices!r} (of type "
                 f"{type(devices).__name__})."
             )
-        if (
-            isinstance(every_n_batches, bool)
-            or not isinstance(every_n_batches, int)
-            or every_n_batches < 1
-        ):
-            raise ValueError(
-                "`every_n_batches` must be an integer >= 1. Received: "
-                f"every_n_batches={every_n_batches!r} (of type "
-                f"{type(every_n_batches).__name__})."
-            )
+        check_int("every_n_batches", every_n_batches)
         if reset_peak not in _RESET_CHOICES:
             raise ValueError(
                 f"Unknown `reset_peak`: {reset_peak!r}. Expected one of "

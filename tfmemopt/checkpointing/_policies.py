@@ -11,6 +11,8 @@ from typing import Callable
 
 import keras
 
+from tfmemopt._compat import sublayers
+
 POLICIES = ("auto", "blocks")
 
 
@@ -41,7 +43,7 @@ def validate_policy(policy) -> None:
 
 def is_composite(layer) -> bool:
     """A layer built of sub-layers (a transformer block, a residual unit)."""
-    return bool(layer._flatten_layers(include_self=False, recursive=False))
+    return bool(sublayers(layer, recursive=False))
 
 
 def has_compute(op) -> bool:
@@ -89,7 +91,7 @@ def select_layers(model, policy) -> list:
 
 
 def _all_layers(model) -> list:
-    return list(model._flatten_layers(include_self=False, recursive=True))
+    return sublayers(model)
 
 
 def chain_cuts(model) -> list[int] | None:
@@ -135,14 +137,9 @@ def weighted_layers(op) -> int:
     """How many layers with weights `op` is: itself, or those inside it."""
     if not getattr(op, "weights", None):
         return 0
-    inner = getattr(op, "_flatten_layers", None)
-    if inner is None:
+    if not isinstance(op, keras.layers.Layer):
         return 1
-    leaves = [
-        x
-        for x in inner(include_self=False, recursive=True)
-        if x.weights and not is_composite(x)
-    ]
+    leaves = [x for x in sublayers(op) if x.weights and not is_composite(x)]
     return max(1, len(leaves))
 
 

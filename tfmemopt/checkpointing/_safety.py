@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import keras
 
+from tfmemopt._compat import sublayers
+
 
 def why_not_replayable(layer: keras.layers.Layer) -> str | None:
     """The reason `layer` cannot be recomputed safely, or `None`.
@@ -36,7 +38,4 @@ def check_replayable(layer: keras.layers.Layer) -> None:
 
 def _walk(layer):
     yield layer
-    for sub in getattr(layer, "_flatten_layers", lambda: [])(
-        include_self=False, recursive=True
-    ):
-        yield sub
+    yield from sublayers(layer)

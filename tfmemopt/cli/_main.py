@@ -23,6 +23,7 @@ import json
 import os
 import sys
 
+from tfmemopt._utils import format_bytes
 from tfmemopt.cli import _plan  # noqa: F401 - registers its subcommands
 from tfmemopt.cli._commands import COMMANDS
 from tfmemopt.cli._commands import subcommand
@@ -39,12 +40,6 @@ def _quiet_tensorflow():
     # TF_ENABLE_ONEDNN_OPTS (CPU memory statistics) must be set by the user's
     # shell: importing tfmemopt has imported TensorFlow already.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-
-def _units(n) -> str:
-    from tfmemopt.estimate._estimate import _units as units
-
-    return units(n)
 
 
 # --- estimate -------------------------------------------------------------
@@ -201,13 +196,14 @@ def _doctor_text(report: dict) -> str:
         f"Python {report['python']}",
     ]
     if "host_memory" in report:
-        lines.append(f"Host memory: {_units(report['host_memory'])}")
+        lines.append(f"Host memory: {format_bytes(report['host_memory'])}")
     lines.append("Devices:")
     for d in report["devices"]:
         if d["stats"]:
             lines.append(
                 f"  {d['device']}: memory statistics available "
-                f"(in use {_units(d['current'])}, peak {_units(d['peak'])})"
+                f"(in use {format_bytes(d['current'])}, "
+                f"peak {format_bytes(d['peak'])})"
             )
         else:
             lines.append(f"  {d['device']}: no memory statistics")

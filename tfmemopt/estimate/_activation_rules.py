@@ -12,6 +12,9 @@ from __future__ import annotations
 import math
 import warnings
 
+from tfmemopt._compat import sublayers
+from tfmemopt.checkpointing import _policies as policies
+
 # Fallback where a recurrent layer's loop cannot be sized from the graph
 # (`_while_loops` sizes Keras's generic loop itself). Per time step and
 # sample, in units of the layer's width: what `while_v2` accumulates for
@@ -35,8 +38,6 @@ def _library_segments(model, units):
     everything on (a cut inside a residual block would keep the skip
     tensor too).
     """
-    from tfmemopt.checkpointing import _policies as policies
-
     try:
         ranges = policies.auto_segments(model)
         ops = policies.top_level(model)
@@ -97,8 +98,7 @@ def unknown_layers(model, step, itemsize, batch):
     """
     extra, notes = 0, []
     by_name = {}
-    flatten = getattr(model, "_flatten_layers", None)
-    for layer in flatten(include_self=False, recursive=True) if flatten else []:
+    for layer in sublayers(model):
         by_name.setdefault(layer.name, layer)
     seen = set()
     for label in step.unknown:

@@ -15,6 +15,8 @@ import math
 
 import keras
 
+from tfmemopt._utils import check_int
+from tfmemopt._utils import format_bytes
 from tfmemopt.estimate._activation_rules import checkpointed_activations
 from tfmemopt.estimate._activation_rules import unknown_layers
 from tfmemopt.estimate._optimizer_state import _itemsize
@@ -41,14 +43,6 @@ _LABELS = {
     "activations": "activations kept for backward",
     "temporaries": "backward temporaries",
 }
-
-
-def _units(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"  # pragma: no cover
 
 
 @dataclasses.dataclass
@@ -105,13 +99,13 @@ class MemoryEstimate:
         ]
         for f in _FIELDS:
             lines.append(
-                f"  {_LABELS[f]:<{width}}  {_units(getattr(self, f)):>11}"
+                f"  {_LABELS[f]:<{width}}  {format_bytes(getattr(self, f)):>11}"
             )
-        lines.append(f"  {'total':<{width}}  {_units(self.total):>11}")
+        lines.append(f"  {'total':<{width}}  {format_bytes(self.total):>11}")
         if self.layers and top:
             lines.append("Largest activations kept, by layer:")
             for name, n in sorted(self.layers, key=lambda x: -x[1])[:top]:
-                lines.append(f"  {name:<{width}}  {_units(n):>11}")
+                lines.append(f"  {name:<{width}}  {format_bytes(n):>11}")
         for note in self.notes:
             lines.append(f"Note: {note}")
         return "\n".join(lines)
@@ -128,14 +122,6 @@ _POLICIES = (
     "mixed_bfloat16",
 )
 _CHECKPOINTING = ("auto", "blocks")
-
-
-def _positive_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(
-            f"`{name}` must be an integer >= 1. Received: {name}={value!r} "
-            f"(of type {type(value).__name__})."
-        )
 
 
 def _resolve_policy(policy, model):
@@ -160,7 +146,7 @@ def _check_checkpointing(checkpointing):
     if isinstance(checkpointing, str) and checkpointing in _CHECKPOINTING:
         return checkpointing
     if isinstance(checkpointing, int) and not isinstance(checkpointing, bool):
-        _positive_int("checkpointing", checkpointing)
+        check_int("checkpointing", checkpointing)
         return checkpointing
     raise ValueError(
         f"Unknown checkpointing policy {checkpointing!r}. Expected None, "
@@ -248,9 +234,9 @@ def estimate_memory(
             "`model` must be a `keras.Model`. Received: "
             f"model={model!r} (of type {type(model).__name__})."
         )
-    _positive_int("batch_size", batch_size)
-    _positive_int("accumulation_steps", accumulation_steps)
-    _positive_int("replicas", replicas)
+    check_int("batch_size", batch_size)
+    check_int("accumulation_steps", accumulation_steps)
+    check_int("replicas", replicas)
     if trainer is None:
         from tfmemopt.accumulation._model import Model
 
@@ -352,7 +338,8 @@ def estimate_memory(
             f"accumulation: micro-batch {micro} x {accumulation_steps}, "
             "float32 accumulators"
             + (
-                f"; sparse gradients keep the batch's rows ({_units(rows)})"
+                "; sparse gradients keep the batch's rows "
+                f"({format_bytes(rows)})"
                 if rows
                 else ""
             )

@@ -23,6 +23,7 @@ import re
 import keras
 import tensorflow as tf
 
+from tfmemopt._compat import sublayers
 from tfmemopt.estimate._while_loops import while_loop_sizes
 
 # Ops whose output shares its input's buffer.
@@ -86,12 +87,7 @@ def _nbytes(t, scale=None) -> int | None:
 
 
 def _all_layer_names(model) -> set:
-    flatten = getattr(model, "_flatten_layers", None)
-    if flatten is not None:
-        layers = flatten(include_self=True, recursive=True)
-    else:  # pragma: no cover - every Keras 3 layer has it
-        layers = [model] + list(getattr(model, "layers", []))
-    return {layer.name for layer in layers}
+    return {layer.name for layer in sublayers(model, include_self=True)}
 
 
 def _layer_of(component: str, names: set) -> str:

@@ -11,6 +11,9 @@ import dataclasses
 
 import keras
 
+from tfmemopt._compat import sublayers
+from tfmemopt._utils import check_int
+
 
 @dataclasses.dataclass(frozen=True)
 class Finding:
@@ -126,26 +129,9 @@ def pad_to_multiple(n: int, multiple: int) -> int:
     >>> pad_to_multiple(50257, 64)
     50304
     """
-    for name, value in (("n", n), ("multiple", multiple)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(
-                f"`{name}` must be an int >= 1. Received: {name}={value!r} "
-                f"(of type {type(value).__name__})."
-            )
-        if value < 1:
-            raise ValueError(
-                f"`{name}` must be an int >= 1. Received: {name}={value}."
-            )
+    check_int("n", n)
+    check_int("multiple", multiple)
     return -(-n // multiple) * multiple
-
-
-def _children(layer) -> list:
-    # Keras tracks sublayers of custom layers only in `_flatten_layers`;
-    # `.layers` exists on models alone.
-    flatten = getattr(layer, "_flatten_layers", None)
-    if flatten is not None:
-        return list(flatten(include_self=False, recursive=False))
-    return list(getattr(layer, "layers", []))
 
 
 def walk_layers(model) -> list:
@@ -157,7 +143,7 @@ def walk_layers(model) -> list:
     seen, out = set(), []
 
     def visit(layer):
-        for sub in _children(layer):
+        for sub in sublayers(layer, recursive=False):
             if id(sub) in seen:
                 continue
             seen.add(id(sub))

@@ -17,14 +17,12 @@ import math
 
 import keras
 
+from tfmemopt._utils import check_int
+from tfmemopt._utils import format_mib
 from tfmemopt.tuning import _search
 from tfmemopt.tuning._search import Accumulation
 from tfmemopt.tuning._search import Trial
 from tfmemopt.tuning._trials import TrialRunner
-
-
-def _fmt(n) -> str:
-    return "-" if n is None else f"{n / 2**20:,.1f}"
 
 
 @dataclasses.dataclass
@@ -57,14 +55,16 @@ class BatchSizeResult:
         rows = ["| batch | peak MiB | fits | reason |", "|---|---|---|---|"]
         for t in self.trials:
             rows.append(
-                f"| {t.batch_size} | {_fmt(t.peak_bytes)} | "
+                f"| {t.batch_size} | {format_mib(t.peak_bytes, unit=False)} | "
                 f"{'yes' if t.fits else 'no'} | {t.reason} |"
             )
         return "\n".join(rows)
 
     def __str__(self) -> str:
         limit = (
-            f", limit {_fmt(self.limit_bytes)} MiB" if self.limit_bytes else ""
+            f", limit {format_mib(self.limit_bytes)}"
+            if self.limit_bytes
+            else ""
         )
         return (
             f"batch_size={self.batch_size} on {self.device} ({self.mode}, "
@@ -135,9 +135,9 @@ def _check_args(mode, max_batch_size, multiple_of, margin, steps_per_trial):
         raise ValueError(
             f"`mode` must be one of {_search.MODES}. Received: mode={mode!r}."
         )
-    _search.check_int("max_batch_size", max_batch_size)
-    _search.check_int("multiple_of", multiple_of)
-    _search.check_int("steps_per_trial", steps_per_trial)
+    check_int("max_batch_size", max_batch_size)
+    check_int("multiple_of", multiple_of)
+    check_int("steps_per_trial", steps_per_trial)
     if not isinstance(margin, (int, float)) or not 0 <= margin < 1:
         raise ValueError(
             "`margin` must be a fraction in [0, 1) of the budget to keep "
@@ -230,9 +230,9 @@ def find_batch_size(
         if limit is not None and state >= limit:
             raise ValueError(
                 "The model cannot fit at any batch size: its weights and "
-                f"optimizer state alone take {_fmt(state)} MiB, more than "
+                f"optimizer state alone take {format_mib(state)}, more than "
                 f"memory_budget={budget} bytes x (1 - margin={margin}) = "
-                f"{_fmt(limit)} MiB, and every batch needs more on top "
+                f"{format_mib(limit)}, and every batch needs more on top "
                 "(gradients, activations). Raise the budget, use a smaller "
                 "model or an optimizer with less state (SGD keeps none, Adam "
                 "two slots per weight); accumulation and checkpointing only "
@@ -251,8 +251,8 @@ def find_batch_size(
                 print(
                     f"tfmemopt.find_batch_size: batch {batch_size:>6}: "
                     f"{'fits' if trial.fits else 'does not fit'}, peak "
-                    f"{_fmt(peak)} MiB"
-                    + (f" (limit {_fmt(limit)} MiB)" if limit else "")
+                    f"{format_mib(peak)}"
+                    + (f" (limit {format_mib(limit)})" if limit else "")
                     + (f" [{trial.reason}]" if trial.reason else ""),
                     flush=True,
                 )
@@ -263,7 +263,7 @@ def find_batch_size(
         first = trials[0]
         raise ValueError(
             f"Not even batch_size={multiple_of} fits ({first.reason}; peak "
-            f"{_fmt(first.peak_bytes)} MiB, limit {_fmt(limit)} MiB). Try "
+            f"{format_mib(first.peak_bytes)}, limit {format_mib(limit)}). Try "
             "multiple_of=1, activation checkpointing or mixed precision, or "
             "raise memory_budget."
         )

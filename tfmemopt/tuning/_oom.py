@@ -18,16 +18,13 @@ from typing import Iterator
 import tensorflow as tf
 
 from tfmemopt import memory
+from tfmemopt._utils import format_mib as _mib
 from tfmemopt.accumulation._fit_hooks import add_fit_hook
 from tfmemopt.estimate import estimate_memory
 from tfmemopt.tuning._errors import first_line
 from tfmemopt.tuning._errors import is_oom
 from tfmemopt.tuning._planner import plan
 from tfmemopt.tuning._trials import default_device
-
-
-def _mib(n) -> str:
-    return "unknown" if n is None else f"{n / memory.MIB:,.1f} MiB"
 
 
 @dataclasses.dataclass
@@ -63,8 +60,8 @@ class OOMReport:
         if self.device_memory is not None:
             lines.append(
                 f"  device memory at failure: "
-                f"{_mib(self.device_memory['current'])} in use, "
-                f"{_mib(self.device_memory['peak'])} peak"
+                f"{_mib(self.device_memory['current'], 'unknown')} in use, "
+                f"{_mib(self.device_memory['peak'], 'unknown')} peak"
             )
         else:
             lines.append("  device memory at failure: no statistics")

@@ -14,6 +14,8 @@ import dataclasses
 
 import keras
 
+from tfmemopt._utils import check_int
+from tfmemopt._utils import format_mib as _mib
 from tfmemopt.tuning import _search
 from tfmemopt.tuning._plan_apply import apply_plan
 
@@ -24,10 +26,6 @@ _PASS_OVERHEAD = 8
 _CHECKPOINT_COST = 1.33  # one extra forward pass (+30% measured)
 _FAST_16BIT = 0.6  # tensor cores (GPU >= 7.0, TPU)
 _SLOW_16BIT = 1.3  # CPUs and older GPUs: converts, no faster matmuls
-
-
-def _mib(n) -> str:
-    return "-" if n is None else f"{n / 2**20:,.1f} MiB"
 
 
 @dataclasses.dataclass
@@ -219,9 +217,9 @@ def plan(
     """
     from tfmemopt.estimate._estimate import estimate_memory
 
-    _search.check_int("global_batch_size", global_batch_size)
-    _search.check_int("replicas", replicas)
-    _search.check_int("multiple_of", multiple_of)
+    check_int("global_batch_size", global_batch_size)
+    check_int("replicas", replicas)
+    check_int("multiple_of", multiple_of)
     budget = _search.parse_bytes(memory_budget)
     unknown = [a for a in allow if a not in ALLOW]
     if isinstance(allow, str) or unknown:

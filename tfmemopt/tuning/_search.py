@@ -13,6 +13,8 @@ import re
 import warnings
 from typing import Callable
 
+from tfmemopt._utils import check_int
+
 MODES = ("power", "binsearch")
 
 _UNITS = {
@@ -71,21 +73,6 @@ class Accumulation:
     def global_batch_size(self) -> int:
         """micro_batch_size x accumulation_steps x replicas."""
         return self.micro_batch_size * self.accumulation_steps * self.replicas
-
-
-def check_int(name: str, value, minimum: int = 1) -> int:
-    """`value` as an int >= `minimum`, else a ValueError or TypeError."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(
-            f"`{name}` must be an integer >= {minimum}. Received: "
-            f"{name}={value!r} (of type {type(value).__name__})."
-        )
-    if value < minimum:
-        raise ValueError(
-            f"`{name}` must be an integer >= {minimum}. Received: "
-            f"{name}={value!r}."
-        )
-    return value
 
 
 def parse_bytes(value, name: str = "memory_budget") -> int:

@@ -1,0 +1,51 @@
+"""The one module that reads Keras's private layer attributes.
+
+Keras 3 has no public API to list the layers tracked inside a layer (only
+models have `.layers`, and it is not recursive), to name its `Functional`
+class, or to say whether a layer's `call` takes `training` / `mask`. These
+helpers do it, each through one private attribute named in its docstring.
+tests/test_compat.py checks every private attribute tfmemopt reads on the
+installed Keras, so a release that renames one fails there, by name.
+"""
+
+from __future__ import annotations
+
+import keras
+
+
+def sublayers(
+    layer, recursive: bool = True, include_self: bool = False
+) -> list:
+    """The layers tracked inside `layer` (Keras's `_flatten_layers`).
+
+    Depth first, each once; `recursive=False` gives the direct children.
+    Anything without sub-layer tracking (a `keras.Operation` that is not a
+    layer) has none.
+    """
+    flatten = getattr(layer, "_flatten_layers", None)
+    if flatten is None:
+        return [layer] if include_self else []
+    return list(flatten(include_self=include_self, recursive=recursive))
+
+
+def functional_class() -> type:
+    """Keras's `Functional` class, found without importing `keras.src`."""
+    for subclass in keras.Model.__subclasses__():
+        if subclass.__name__ == "Functional":
+            return subclass
+    inputs = keras.Input((1,))
+    return type(keras.Model(inputs, keras.layers.Identity()(inputs)))
+
+
+def call_takes(layer, argument: str) -> bool:
+    """Whether `layer.call` takes `argument` (`"training"` or `"mask"`).
+
+    Keras records it when the layer is made (`_call_has_training_arg`,
+    `_call_has_mask_arg`); a layer that did not record it is assumed to
+    take `training` and not `mask`, as Keras's own call wrapper does.
+    """
+    attribute = {
+        "training": "_call_has_training_arg",
+        "mask": "_call_has_mask_arg",
+    }
+    return bool(getattr(layer, attribute[argument], argument == "training"))
