@@ -4,11 +4,16 @@ Keras 3 has no public API to list the layers tracked inside a layer (only
 models have `.layers`, and it is not recursive), to name its `Functional`
 class, or to say whether a layer's `call` takes `training` / `mask`. These
 helpers do it, each through one private attribute named in its docstring.
+`caller_instance` is the one place that reads the call stack: Keras offers
+no hook that tells an optimizer which `LossScaleOptimizer` wraps it, or
+which model builds it.
 tests/test_compat.py checks every private attribute tfmemopt reads on the
 installed Keras, so a release that renames one fails there, by name.
 """
 
 from __future__ import annotations
+
+import sys
 
 import keras
 
@@ -49,3 +54,25 @@ def call_takes(layer, argument: str) -> bool:
         "mask": "_call_has_mask_arg",
     }
     return bool(getattr(layer, attribute[argument], argument == "training"))
+
+
+def caller_instance(kind: type, depth: int = 1, skip: int = 0):
+    """The first `self` of type `kind` among the functions up the stack.
+
+    Looks at the `depth` functions above the one calling this (after
+    skipping `skip` more), nearest first; None if none is a `kind`. Used
+    where Keras calls tfmemopt without saying who calls: a
+    `LossScaleOptimizer` wrapping an `AccumulatingOptimizer` (it sets
+    `loss_scale_factor` from its `__init__`), and the model whose
+    `jit_compile` decides whether building the optimizer is refused.
+    CPython frames (`sys._getframe`).
+    """
+    frame = sys._getframe(2 + skip)
+    for _ in range(depth):
+        if frame is None:
+            return None
+        candidate = frame.f_locals.get("self")
+        if isinstance(candidate, kind):
+            return candidate
+        frame = frame.f_back
+    return None

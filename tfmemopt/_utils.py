@@ -1,10 +1,13 @@
-"""Helpers shared by every subpackage: argument checks and byte formatting.
+"""Helpers shared by every subpackage: argument checks, byte formatting,
+and the config step of wrappers that hold another Keras object.
 
 One function per idea, so that every entry point refuses bad input with the
 same kind of error and message, and every report prints bytes alike.
 """
 
 from __future__ import annotations
+
+import keras
 
 MIB = 1024 * 1024
 
@@ -33,6 +36,19 @@ def check_int(name: str, value, minimum: int = 1, hint: str = "") -> int:
         f"{value!r} (of type {type(value).__name__})."
     )
     raise error(f"{message} {hint}" if hint else message)
+
+
+def pop_keras_object(config: dict, key: str, custom_objects=None):
+    """`(object, rest)`: `config[key]` deserialized, and the other entries.
+
+    For the `from_config` of a wrapper that serializes the object it wraps
+    (an inner optimizer, a wrapped model) under `key`.
+    """
+    rest = dict(config)
+    obj = keras.saving.deserialize_keras_object(
+        rest.pop(key), custom_objects=custom_objects
+    )
+    return obj, rest
 
 
 def format_bytes(n: float) -> str:

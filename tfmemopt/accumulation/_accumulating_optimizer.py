@@ -17,12 +17,12 @@ The end of a window is decided in cross-replica context
 
 from __future__ import annotations
 
-import sys
-
 import keras
 import tensorflow as tf
 from keras import ops
 
+from tfmemopt._compat import caller_instance
+from tfmemopt._utils import pop_keras_object
 from tfmemopt.accumulation import _accumulation_hooks as hooks
 
 
@@ -105,8 +105,8 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
             and value is None
             and "inner_optimizer" in self.__dict__
         ):
-            caller = sys._getframe(1).f_locals.get("self")
-            hooks.adopt_loss_scale_optimizer(self, caller)
+            outer = caller_instance(keras.optimizers.LossScaleOptimizer)
+            hooks.adopt_loss_scale_optimizer(self, outer)
         super().__setattr__(name, value)
 
     def build(self, var_list):
@@ -377,8 +377,7 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
-        config = dict(config)
-        inner = keras.saving.deserialize_keras_object(
-            config.pop("inner_optimizer"), custom_objects=custom_objects
+        inner, config = pop_keras_object(
+            config, "inner_optimizer", custom_objects
         )
         return cls(inner, **config)

@@ -18,12 +18,12 @@ are corrected here on the *instances* involved (never on Keras's classes):
 from __future__ import annotations
 
 import contextlib
-import sys
 
 import keras
 import tensorflow as tf
 from keras import ops
 
+from tfmemopt._compat import caller_instance
 from tfmemopt._utils import check_int
 from tfmemopt.distribute._keras_fixes import check_jit_replicas
 
@@ -256,12 +256,6 @@ def refuse_jit_on_mirrored_cpus(max_depth: int = 8) -> None:
     The model is found among the callers (`Trainer._symbolic_build` or
     `train_step` call the optimizer); see `check_jit_replicas`.
     """
-    frame = sys._getframe(1)
-    for _ in range(max_depth):
-        frame = frame.f_back
-        if frame is None:
-            return
-        model = frame.f_locals.get("self")
-        if isinstance(model, keras.Model):
-            check_jit_replicas(model)
-            return
+    model = caller_instance(keras.Model, depth=max_depth, skip=1)
+    if model is not None:
+        check_jit_replicas(model)

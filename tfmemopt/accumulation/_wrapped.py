@@ -5,6 +5,7 @@ from __future__ import annotations
 import keras
 
 from tfmemopt._compat import call_takes
+from tfmemopt._utils import pop_keras_object
 from tfmemopt.accumulation._model import Model
 
 
@@ -58,8 +59,5 @@ class WrappedModel(Model):
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
-        config = dict(config)
-        model = keras.saving.deserialize_keras_object(
-            config.pop("model"), custom_objects=custom_objects
-        )
+        model, config = pop_keras_object(config, "model", custom_objects)
         return cls(model, **config)

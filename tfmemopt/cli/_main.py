@@ -26,6 +26,8 @@ import sys
 from tfmemopt._utils import format_bytes
 from tfmemopt.cli import _plan  # noqa: F401 - registers its subcommands
 from tfmemopt.cli._commands import COMMANDS
+from tfmemopt.cli._commands import bad_input
+from tfmemopt.cli._commands import load_saved_model
 from tfmemopt.cli._commands import subcommand
 
 _INSTALL = {
@@ -87,23 +89,11 @@ def _estimate_arguments(parser):
     _estimate_arguments,
 )
 def _estimate(args) -> int:
-    if not os.path.isfile(args.model):
-        print(
-            f"tfmemopt estimate: no such file: {args.model!r}. Pass the path "
-            "of a model saved with `model.save('model.keras')`.",
-            file=sys.stderr,
-        )
+    model = load_saved_model(args.model, "estimate")
+    if model is None:
         return 2
-    _quiet_tensorflow()
-    import keras
+    from tfmemopt.estimate import estimate_memory
 
-    import tfmemopt  # noqa: F401 - registers tfmemopt's serializable objects
-    from tfmemopt.estimate._estimate import estimate_memory
-
-    try:
-        model = keras.saving.load_model(args.model)
-    except Exception:  # a saved optimizer or loss that cannot be rebuilt
-        model = keras.saving.load_model(args.model, compile=False)
     try:
         estimate = estimate_memory(
             model,
@@ -115,8 +105,7 @@ def _estimate(args) -> int:
             replicas=args.replicas,
         )
     except (ValueError, TypeError) as e:
-        print(f"tfmemopt estimate: {e}", file=sys.stderr)
-        return 2
+        return bad_input("estimate", e)
     if args.json:
         print(json.dumps(estimate.to_dict(), indent=2))
     else:

@@ -3,31 +3,16 @@
 from __future__ import annotations
 
 import json
-import os
-import sys
 
+from tfmemopt.cli._commands import bad_input
+from tfmemopt.cli._commands import load_saved_model
 from tfmemopt.cli._commands import subcommand
 
 
 def _load(path: str, command: str):
-    if not os.path.isfile(path):
-        print(
-            f"tfmemopt {command}: no such file: {path!r}. Pass the path of a "
-            "model saved with `model.save('model.keras')`.",
-            file=sys.stderr,
-        )
-        return None
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import keras
-
-    import tfmemopt  # noqa: F401 - registers tfmemopt's serializable objects
-
-    try:
-        return keras.saving.load_model(path)
-    except Exception:  # a saved optimizer or loss that cannot be rebuilt
-        model = keras.saving.load_model(path, compile=False)
-        model.compile(optimizer="adam", loss="mse")
-        return model
+    return load_saved_model(
+        path, command, compile_as=dict(optimizer="adam", loss="mse")
+    )
 
 
 def _synthetic_data(model, n: int = 64):
@@ -107,8 +92,7 @@ def _find(args) -> int:
         )
         split = found.suggest(args.target) if args.target else None
     except (ValueError, TypeError, RuntimeError) as e:
-        print(f"tfmemopt find-batch-size: {e}", file=sys.stderr)
-        return 2
+        return bad_input("find-batch-size", e)
     if args.json:
         out = {
             "batch_size": found.batch_size,
@@ -175,8 +159,7 @@ def _plan(args) -> int:
             margin=args.margin,
         )
     except (ValueError, TypeError) as e:
-        print(f"tfmemopt plan: {e}", file=sys.stderr)
-        return 2
+        return bad_input("plan", e)
     if args.json:
         out = {
             k: v
