@@ -17,6 +17,7 @@ import keras
 
 from tfmemopt._utils import check_int
 from tfmemopt._utils import format_bytes
+from tfmemopt.accumulation import Model
 from tfmemopt.estimate._activation_rules import checkpointed_activations
 from tfmemopt.estimate._activation_rules import unknown_layers
 from tfmemopt.estimate._optimizer_state import _itemsize
@@ -229,131 +230,32 @@ def estimate_memory(
     >>> est.parameters  # (32 * 8 + 8) float32 weights
     1056
     """
-    if not isinstance(model, keras.Model):
-        raise TypeError(
-            "`model` must be a `keras.Model`. Received: "
-            f"model={model!r} (of type {type(model).__name__})."
-        )
-    check_int("batch_size", batch_size)
-    check_int("accumulation_steps", accumulation_steps)
-    check_int("replicas", replicas)
-    if trainer is None:
-        from tfmemopt.accumulation._model import Model
-
-        tfm = isinstance(model, Model) or accumulation_steps > 1
-        trainer = "tfmemopt" if tfm else "keras"
-    if trainer not in ("keras", "tfmemopt"):
-        raise ValueError(
-            f"Unknown trainer {trainer!r}. Expected None, 'keras' or "
-            "'tfmemopt'. Fix: pass trainer='keras' for `keras.Model.fit`."
-        )
-    dtype_policy = _resolve_policy(policy, model)
-    ckpt = _check_checkpointing(checkpointing)
-    opt, opt_source = resolve_optimizer(optimizer, model)
-
-    per_replica = math.ceil(batch_size / replicas)
-    micro = math.ceil(per_replica / accumulation_steps)
-    compute = _itemsize(dtype_policy.compute_dtype)
-    variable = _itemsize(dtype_policy.variable_dtype)
-    model_compute = _itemsize(model.compute_dtype)
-
-    def weight_bytes(v):
-        n = math.prod(v.shape)
-        if keras.backend.is_float_dtype(v.dtype):
-            return n * variable
-        return n * _itemsize(v.dtype)
-
-    # Trace first: a subclassed model may create its weights on first call.
-    # Another policy: trace the model rebuilt under it (Keras keeps some
-    # activations float32), else scale the float32 activations.
-    traced = model
-    if dtype_policy.name != model.dtype_policy.name:
-        traced = rebuilt_under(model, dtype_policy.name) or model
-    rescale = compute != model_compute and traced is model
-    step = trace_step(
-        traced,
-        micro,
-        activation_itemsize=compute if rescale else None,
+    s = _settings(
+        model,
+        batch_size,
+        optimizer,
+        policy,
+        accumulation_steps,
+        checkpointing,
+        replicas,
+        trainer,
     )
+    # Trace first: a subclassed model may create its weights on first call.
+    traced, step, rescale = _trace(model, s)
     trainable = model.trainable_weights
-    params = sum(weight_bytes(v) for v in model.weights)
-    grads = sum(weight_bytes(v) for v in trainable)
-    shapes = [
-        (
-            tuple(v.shape),
-            dtype_policy.variable_dtype
-            if keras.backend.is_float_dtype(v.dtype)
-            else v.dtype,
-        )
-        for v in trainable
-    ]
-    opt_bytes, opt_how = optimizer_state_bytes(opt, shapes)
-
-    notes = [f"optimizer: {opt_how} ({opt_source})"]
-    activations = step.saved
-    unknown_bytes, unknown_notes = unknown_layers(traced, step, compute, micro)
-    notes += unknown_notes
-    if traced is not model:
-        notes.append(
-            f"{dtype_policy.name}: traced the model rebuilt under the policy "
-            "(float32 weights, gradients and optimizer state; the layers "
-            "Keras runs in float32 keep float32 activations)"
-        )
-    elif rescale and compute < variable:
-        # The 16-bit copies of the weights read by the backward pass.
-        casts = sum(
-            math.prod(v.shape) * compute
-            for v in trainable
-            if keras.backend.is_float_dtype(v.dtype)
-        )
-        activations += casts
-        notes.append(
-            f"{dtype_policy.name}: {compute}-byte activations, float32 "
-            "weights, gradients and optimizer state, 16-bit weight copies"
-        )
+    params = sum(_weight_bytes(v, s) for v in model.weights)
+    grads = sum(_weight_bytes(v, s) for v in trainable)
+    opt_bytes, opt_how = _optimizer_bytes(trainable, s)
+    notes = [f"optimizer: {opt_how} ({s.opt_source})"]
+    activations = _activations(model, traced, step, rescale, s, notes)
     temporaries = max(0, step.peak - step.saved - step.gradients - step.inputs)
-    if ckpt is not None:
-        kept, n_segments, _ = checkpointed_activations(step, ckpt, traced)
-        notes.append(
-            f"checkpointing {ckpt!r}: {n_segments} segments; boundaries "
-            "plus the largest segment (recomputed) kept"
-        )
-        activations = activations - step.saved + kept
-    activations += unknown_bytes
-    inputs = step.inputs
-    accumulation = 0
-    if accumulation_steps > 1:
-        inputs += step.inputs * per_replica // micro
-        # Dense gradients are summed into float32 buffers; sparse ones
-        # (embedding lookups) stay sparse: every micro-batch's rows are
-        # kept, then concatenated when the window ends (two copies).
-        accumulation = sum(
-            math.prod(v.shape) * 4
-            for i, v in enumerate(trainable)
-            if i not in step.sparse_rows
-        )
-        rows = sum(step.sparse_rows.values()) * per_replica // micro
-        accumulation += 2 * rows
-        notes.append(
-            f"accumulation: micro-batch {micro} x {accumulation_steps}, "
-            "float32 accumulators"
-            + (
-                "; sparse gradients keep the batch's rows "
-                f"({format_bytes(rows)})"
-                if rows
-                else ""
-            )
-        )
+    inputs, accumulation = _accumulation(trainable, step, s, notes)
     if replicas > 1:
         temporaries += grads
         notes.append(
-            f"{replicas} replicas: batch {per_replica} per replica, a packed "
-            "copy of the gradients for the all-reduce"
+            f"{replicas} replicas: batch {s.per_replica} per replica, a "
+            "packed copy of the gradients for the all-reduce"
         )
-    layers = {}
-    for path, n in step.saved_by_layer:
-        name = path[-1] if path else "(loss and other)"
-        layers[name] = layers.get(name, 0) + n
     return MemoryEstimate(
         parameters=int(params),
         gradients=int(grads),
@@ -364,13 +266,189 @@ def estimate_memory(
         temporaries=int(temporaries),
         settings={
             "batch_size": batch_size,
-            "optimizer": type(opt).__name__,
-            "policy": dtype_policy.name,
+            "optimizer": type(s.optimizer).__name__,
+            "policy": s.policy.name,
             "accumulation_steps": accumulation_steps,
-            "checkpointing": ckpt,
+            "checkpointing": s.checkpointing,
             "replicas": replicas,
-            "trainer": trainer,
+            "trainer": s.trainer,
         },
-        layers=sorted(layers.items(), key=lambda kv: -kv[1]),
+        layers=_by_layer(step),
         notes=notes,
     )
+
+
+@dataclasses.dataclass
+class _Settings:
+    """The checked arguments of `estimate_memory` and what follows."""
+
+    policy: keras.DTypePolicy
+    checkpointing: object
+    optimizer: keras.optimizers.Optimizer
+    opt_source: str
+    trainer: str
+    accumulation_steps: int
+    per_replica: int  # samples per replica
+    micro: int  # samples per micro-batch
+    compute: int  # bytes per activation under the policy
+    variable: int  # bytes per float weight under the policy
+
+
+def _settings(
+    model,
+    batch_size,
+    optimizer,
+    policy,
+    accumulation_steps,
+    checkpointing,
+    replicas,
+    trainer,
+) -> _Settings:
+    """Checks every argument (what/expected/fix) and resolves the defaults."""
+    if not isinstance(model, keras.Model):
+        raise TypeError(
+            "`model` must be a `keras.Model`. Received: "
+            f"model={model!r} (of type {type(model).__name__})."
+        )
+    check_int("batch_size", batch_size)
+    check_int("accumulation_steps", accumulation_steps)
+    check_int("replicas", replicas)
+    if trainer is None:
+        tfm = isinstance(model, Model) or accumulation_steps > 1
+        trainer = "tfmemopt" if tfm else "keras"
+    if trainer not in ("keras", "tfmemopt"):
+        raise ValueError(
+            f"Unknown trainer {trainer!r}. Expected None, 'keras' or "
+            "'tfmemopt'. Fix: pass trainer='keras' for `keras.Model.fit`."
+        )
+    dtype_policy = _resolve_policy(policy, model)
+    ckpt = _check_checkpointing(checkpointing)
+    opt, opt_source = resolve_optimizer(optimizer, model)
+    per_replica = math.ceil(batch_size / replicas)
+    return _Settings(
+        policy=dtype_policy,
+        checkpointing=ckpt,
+        optimizer=opt,
+        opt_source=opt_source,
+        trainer=trainer,
+        accumulation_steps=accumulation_steps,
+        per_replica=per_replica,
+        micro=math.ceil(per_replica / accumulation_steps),
+        compute=_itemsize(dtype_policy.compute_dtype),
+        variable=_itemsize(dtype_policy.variable_dtype),
+    )
+
+
+def _trace(model, s: _Settings):
+    """`(traced model, its step graph, whether activations are rescaled)`.
+
+    Another policy: trace the model rebuilt under it (Keras keeps some
+    activations float32), else scale the float32 activations.
+    """
+    traced = model
+    if s.policy.name != model.dtype_policy.name:
+        traced = rebuilt_under(model, s.policy.name) or model
+    model_compute = _itemsize(model.compute_dtype)
+    rescale = s.compute != model_compute and traced is model
+    step = trace_step(
+        traced,
+        s.micro,
+        activation_itemsize=s.compute if rescale else None,
+    )
+    return traced, step, rescale
+
+
+def _weight_bytes(v, s: _Settings) -> int:
+    n = math.prod(v.shape)
+    if keras.backend.is_float_dtype(v.dtype):
+        return n * s.variable
+    return n * _itemsize(v.dtype)
+
+
+def _optimizer_bytes(trainable, s: _Settings):
+    """`(bytes, how)` of the optimizer's slots for the trainable weights."""
+    shapes = [
+        (
+            tuple(v.shape),
+            s.policy.variable_dtype
+            if keras.backend.is_float_dtype(v.dtype)
+            else v.dtype,
+        )
+        for v in trainable
+    ]
+    return optimizer_state_bytes(s.optimizer, shapes)
+
+
+def _activations(model, traced, step, rescale, s: _Settings, notes) -> int:
+    """Activations kept for the backward pass: traced, unknown-sized
+    layers by rule, 16-bit weight copies, checkpointing. Adds notes."""
+    activations = step.saved
+    unknown_bytes, unknown_notes = unknown_layers(
+        traced, step, s.compute, s.micro
+    )
+    notes += unknown_notes
+    if traced is not model:
+        notes.append(
+            f"{s.policy.name}: traced the model rebuilt under the policy "
+            "(float32 weights, gradients and optimizer state; the layers "
+            "Keras runs in float32 keep float32 activations)"
+        )
+    elif rescale and s.compute < s.variable:
+        # The 16-bit copies of the weights read by the backward pass.
+        casts = sum(
+            math.prod(v.shape) * s.compute
+            for v in model.trainable_weights
+            if keras.backend.is_float_dtype(v.dtype)
+        )
+        activations += casts
+        notes.append(
+            f"{s.policy.name}: {s.compute}-byte activations, float32 "
+            "weights, gradients and optimizer state, 16-bit weight copies"
+        )
+    if s.checkpointing is not None:
+        kept, n_segments, _ = checkpointed_activations(
+            step, s.checkpointing, traced
+        )
+        notes.append(
+            f"checkpointing {s.checkpointing!r}: {n_segments} segments; "
+            "boundaries plus the largest segment (recomputed) kept"
+        )
+        activations = activations - step.saved + kept
+    return activations + unknown_bytes
+
+
+def _accumulation(trainable, step, s: _Settings, notes):
+    """`(input bytes, accumulator bytes)`; adds a note when accumulating."""
+    inputs = step.inputs
+    if s.accumulation_steps <= 1:
+        return inputs, 0
+    inputs += step.inputs * s.per_replica // s.micro
+    # Dense gradients are summed into float32 buffers; sparse ones
+    # (embedding lookups) stay sparse: every micro-batch's rows are
+    # kept, then concatenated when the window ends (two copies).
+    accumulation = sum(
+        math.prod(v.shape) * 4
+        for i, v in enumerate(trainable)
+        if i not in step.sparse_rows
+    )
+    rows = sum(step.sparse_rows.values()) * s.per_replica // s.micro
+    accumulation += 2 * rows
+    notes.append(
+        f"accumulation: micro-batch {s.micro} x {s.accumulation_steps}, "
+        "float32 accumulators"
+        + (
+            f"; sparse gradients keep the batch's rows ({format_bytes(rows)})"
+            if rows
+            else ""
+        )
+    )
+    return inputs, accumulation
+
+
+def _by_layer(step) -> list:
+    """`[(layer name, bytes kept)]`, largest first."""
+    layers = {}
+    for path, n in step.saved_by_layer:
+        name = path[-1] if path else "(loss and other)"
+        layers[name] = layers.get(name, 0) + n
+    return sorted(layers.items(), key=lambda kv: -kv[1])
