@@ -16,8 +16,11 @@ import keras
 
 from tfmemopt._utils import check_int
 from tfmemopt._utils import format_mib as _mib
+from tfmemopt.estimate import estimate_memory
+from tfmemopt.precision import _mixed_precision as mixed_precision
 from tfmemopt.tuning import _search
 from tfmemopt.tuning._plan_apply import apply_plan
+from tfmemopt.tuning._plan_apply import measure_plan
 
 ALLOW = ("accumulation", "checkpointing", "mixed_precision")
 # A pass over a micro-batch costs as much as this many extra samples
@@ -134,8 +137,6 @@ def _policies(model, allow) -> tuple[list[str], bool]:
         base = model.dtype_policy.name
     if "mixed_precision" not in allow or base.startswith("mixed"):
         return [base], False
-    from tfmemopt.precision import _mixed_precision as mixed_precision
-
     try:
         suited, _ = mixed_precision.choose_policy(
             mixed_precision.detect_hardware()
@@ -215,8 +216,84 @@ def plan(
     >>> model = p.apply(model)  # doctest: +SKIP
     >>> model.fit(x, y, batch_size=p.global_batch_size)  # doctest: +SKIP
     """
-    from tfmemopt.estimate._estimate import estimate_memory
+    budget = _check_arguments(
+        global_batch_size,
+        memory_budget,
+        allow,
+        replicas,
+        multiple_of,
+        verify,
+        data,
+        margin,
+    )
+    limit = budget * (1 - margin)
+    policies, fast = _policies(model, allow)
+    considered = []
 
+    def peak(policy, ckpt, steps) -> int:
+        for c in considered:
+            if (c["policy"], c["checkpointing"]) == (policy, ckpt) and (
+                c["accumulation_steps"] == steps
+            ):
+                return c["peak"]
+        est = estimate_memory(
+            model,
+            global_batch_size,
+            optimizer=optimizer,
+            policy=policy,
+            accumulation_steps=steps,
+            checkpointing=ckpt,
+            replicas=replicas,
+        )
+        micro = global_batch_size // replicas // steps
+        considered.append(
+            {
+                "policy": policy,
+                "checkpointing": ckpt,
+                "accumulation_steps": steps,
+                "micro_batch_size": micro,
+                "peak": int(est.total),
+                "state": int(
+                    est.parameters + est.gradients + est.optimizer_state
+                ),
+                "time": step_time(micro, steps, ckpt, policy, fast),
+            }
+        )
+        return considered[-1]["peak"]
+
+    ckpts = [None, "auto"] if "checkpointing" in allow else [None]
+    steps_list = _steps_options(
+        global_batch_size // replicas, multiple_of, allow
+    )
+    for policy in policies:
+        for ckpt in ckpts:
+            _fewest_steps_that_fit(
+                lambda steps: peak(policy, ckpt, steps), steps_list, limit
+            )
+    return _choose(
+        considered,
+        model,
+        data,
+        verify,
+        budget,
+        limit,
+        global_batch_size,
+        replicas,
+        margin,
+    )
+
+
+def _check_arguments(
+    global_batch_size,
+    memory_budget,
+    allow,
+    replicas,
+    multiple_of,
+    verify,
+    data,
+    margin,
+) -> int:
+    """Checks `plan`'s arguments; returns the budget in bytes."""
     check_int("global_batch_size", global_batch_size)
     check_int("replicas", replicas)
     check_int("multiple_of", multiple_of)
@@ -240,54 +317,36 @@ def plan(
             "`margin` must be a fraction in [0, 1) of the budget to keep "
             f"free. Received: margin={margin!r}."
         )
-    limit = budget * (1 - margin)
-    per_replica = global_batch_size // replicas
-    policies, fast = _policies(model, allow)
-    ckpts = [None, "auto"] if "checkpointing" in allow else [None]
-    steps_list = _steps_options(per_replica, multiple_of, allow)
-    considered = []
+    return budget
 
-    cache = {}
 
-    def peak(policy, ckpt, steps) -> int:
-        key = (policy, ckpt, steps)
-        if key not in cache:
-            est = estimate_memory(
-                model,
-                global_batch_size,
-                optimizer=optimizer,
-                policy=policy,
-                accumulation_steps=steps,
-                checkpointing=ckpt,
-                replicas=replicas,
-            )
-            micro = per_replica // steps
-            cache[key] = {
-                "policy": policy,
-                "checkpointing": ckpt,
-                "accumulation_steps": steps,
-                "micro_batch_size": micro,
-                "peak": int(est.total),
-                "state": int(
-                    est.parameters + est.gradients + est.optimizer_state
-                ),
-                "time": step_time(micro, steps, ckpt, policy, fast),
-            }
-            considered.append(cache[key])
-        return cache[key]["peak"]
+def _fewest_steps_that_fit(peak, steps_list, limit) -> None:
+    """Estimates `peak(steps)` along `steps_list` (the peak falls as the
+    steps grow), bisecting for the fewest steps within `limit`."""
+    lo, hi = 0, len(steps_list) - 1
+    if peak(steps_list[hi]) > limit:
+        return
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if peak(steps_list[mid]) <= limit:
+            hi = mid
+        else:
+            lo = mid + 1
 
-    for policy in policies:
-        for ckpt in ckpts:
-            # The peak falls as the steps grow: bisect for the fewest.
-            lo, hi = 0, len(steps_list) - 1
-            if peak(policy, ckpt, steps_list[hi]) > limit:
-                continue
-            while lo < hi:
-                mid = (lo + hi) // 2
-                if peak(policy, ckpt, steps_list[mid]) <= limit:
-                    hi = mid
-                else:
-                    lo = mid + 1
+
+def _choose(
+    considered,
+    model,
+    data,
+    verify,
+    budget,
+    limit,
+    global_batch_size,
+    replicas,
+    margin,
+) -> Plan:
+    """The fastest candidate that fits; with `verify`, measured, and up to
+    four times (each miss scales every estimate by how low it was)."""
     rejected, scale = [], 1.0
     for _ in range(4 if verify else 1):
         pool = [c for c in considered if id(c) not in rejected]
@@ -298,8 +357,6 @@ def plan(
         result.considered = considered
         if not verify:
             return result
-        from tfmemopt.tuning._plan_apply import measure_plan
-
         result.measured_peak = measure_plan(result, model, data)
         if result.measured_peak is None or result.measured_peak <= budget:
             return result
