@@ -25,10 +25,23 @@ _CONFIG_KEYS = ("accumulation_steps", "micro_batch_size", "checkpointing")
 
 
 def _functional_arguments(args, kwargs) -> bool:
-    return (
-        (len(args) == 2)
-        or (len(args) == 1 and "outputs" in kwargs)
-        or ("inputs" in kwargs and "outputs" in kwargs)
+    """`Model(inputs, outputs)`: the inputs are Keras symbolic tensors.
+
+    A subclass's own positional arguments (`VAE(encoder, decoder)`) are
+    layers or values, not `keras.KerasTensor`s: those build a subclassed
+    model, whatever their number.
+    """
+    if len(args) == 2:
+        inputs = args[0]
+    elif len(args) == 1 and "outputs" in kwargs:
+        inputs = args[0]
+    elif not args and "inputs" in kwargs and "outputs" in kwargs:
+        inputs = kwargs["inputs"]
+    else:
+        return False
+    leaves = keras.tree.flatten(inputs)
+    return bool(leaves) and all(
+        isinstance(t, keras.KerasTensor) for t in leaves
     )
 
 
@@ -226,15 +239,48 @@ class Model(_dist.FitFixes, keras.Model):
         from tfmemopt.checkpointing import enable_checkpointing
 
         self._checkpointing_report = enable_checkpointing(
-            self, self._checkpointing_policy
+            self._checkpointing_target(), self._checkpointing_policy
+        )
+
+    def _checkpointing_target(self) -> keras.Model:
+        """The model whose forward pass `checkpointing` reorganises."""
+        return self
+
+    def _check_own_train_step(self):
+        """Refuses a subclass whose `train_step` would skip accumulation."""
+        accumulates = self._micro_batch_size is not None or (
+            self._accumulation_steps or 1
+        ) > 1
+        if not accumulates or type(self).train_step is Model.train_step:
+            return
+        setting = (
+            f"accumulation_steps={self._accumulation_steps}"
+            if self._micro_batch_size is None
+            else f"micro_batch_size={self._micro_batch_size}"
+        )
+        raise ValueError(
+            f"{type(self).__name__} overrides `train_step`, so tfmemopt's "
+            f"micro-batch loop never runs and {setting} would be ignored "
+            "(each step would apply the whole batch at once). Either drop "
+            "the `train_step` override and put the loss in `compute_loss` "
+            "or `self.add_loss(...)` (accumulated exactly), or keep it, "
+            "construct the model without accumulation_steps / "
+            "micro_batch_size, and accumulate across steps with "
+            "`compile(optimizer=tfmemopt.AccumulatingOptimizer(optimizer, "
+            "accumulation_steps=N))` (one update per N `fit` batches)."
         )
 
     def fit(self, *args, **kwargs):
+        self._check_own_train_step()
         if self._checkpointing_policy is not None and self.built:
             self._ensure_checkpointing()
         # The OOM report (tfmemopt.tuning) registers here: see _fit_hooks.
         with _fit_hooks.around_fit(self, args, kwargs):
             return super().fit(*args, **kwargs)
+
+    def train_on_batch(self, *args, **kwargs):
+        self._check_own_train_step()
+        return super().train_on_batch(*args, **kwargs)
 
     def train_step(self, data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)

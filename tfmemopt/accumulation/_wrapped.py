@@ -36,6 +36,13 @@ class WrappedModel(Model):
         """The wrapped model."""
         return self.model
 
+    def _checkpointing_target(self) -> keras.Model:
+        # The wrapper's own graph is one call of the wrapped model: the
+        # policy applies to the wrapped model's layers.
+        if isinstance(self.model, keras.Model):
+            return self.model
+        return self
+
     def build(self, input_shape):
         if not self.model.built:
             self.model.build(input_shape)
