@@ -261,13 +261,9 @@ def micro_batch_losses(
         loss = tf.cast(loss, tf.float32) * frac * num_replicas()
         return loss, [], [], [], True
     static = []
-    extra = [ops.cast(ops.sum(v), "float32") for v in model.losses]
+    extra = [additional_loss(v, size, frac) for v in model.losses]
     if extra:
-        # Regularisation and `add_loss` terms: weight b_i / B_global per
-        # micro-batch, so that they count once per update over all
-        # micro-batches and replicas (Keras adds them once per replica,
-        # which counts them `replicas` times after the all-reduce).
-        static.append(frac * ops.sum(ops.stack(extra)))
+        static.append(ops.sum(ops.stack(extra)))
     for k, term in enumerate(terms):
         if term.dynamic:
             continue
@@ -292,6 +288,39 @@ def micro_batch_losses(
         terms,
         False,
     )
+
+
+def additional_loss(value, size, frac):
+    """One micro-batch's share of an `add_loss` / regularisation term.
+
+    Keras's `compute_loss` adds `ops.sum(value)` for every entry of
+    `model.losses`. Which share of it a micro-batch owes depends on the
+    term's shape:
+
+    - a tensor whose first dimension is the micro-batch (`add_loss` of a
+      per-sample loss, e.g. keras-io's CTC layer, shape `(batch, 1)`): the
+      whole batch's sum is the sum of the micro-batches' sums, weight 1;
+    - a scalar: either independent of the batch (weight regularisers) or a
+      mean over it (activity regularisers, which Keras divides by the batch
+      size; `add_loss(ops.mean(...))`): weight `b_i / B_global`, so that it
+      counts once per update over all micro-batches and replicas (Keras
+      adds it once per replica, which counts it `replicas` times after the
+      all-reduce);
+    - any other shape (a first dimension that is not the micro-batch's):
+      independent of the batch, weight `b_i / B_global`.
+
+    A scalar that is a *sum* over the batch (`add_loss(ops.sum(per_sample))`)
+    cannot be told from a mean and is taken as one: add the per-sample
+    tensor instead (Keras sums it the same way).
+    """
+    total = ops.cast(ops.sum(value), "float32")
+    shape = tuple(getattr(value, "shape", ()))
+    if not shape:
+        return frac * total
+    per_sample = tf.equal(
+        tf.shape(value, out_type=tf.int32)[0], tf.cast(size, tf.int32)
+    )
+    return total * tf.where(per_sample, tf.ones_like(frac), frac)
 
 
 def uses_keras_compute_loss(model):

@@ -146,7 +146,13 @@ class CheckpointBlock(keras.layers.Layer):
             )
             return out
 
-        out = checkpoint_call(forward, args, kwargs, self._state(), owner=self)
+        # A block that `enable_checkpointing` made for a model's segment is
+        # not one of the model's tracked layers: the losses of the layers
+        # inside it go to the model, which clears and collects them.
+        owner = self.__dict__.get("_tfmemopt_loss_owner") or self
+        out = checkpoint_call(
+            forward, args, kwargs, self._state(), owner=owner
+        )
         flat = tf.nest.flatten(out)
         for t, m in zip(flat, masks[0] if masks else []):
             if m is not None:

@@ -213,7 +213,9 @@ def checkpoint_call(
                 f"({n_loss[-1]}), but no `owner` layer was given to receive "
                 "them. Pass `owner=` to `checkpoint_call`."
             )
-        owner.add_loss(losses)
+        # The base method: a functional model's own `add_loss` refuses
+        # (symbolic only), although its `losses` collects these.
+        keras.layers.Layer.add_loss(owner, losses)
     return tf.nest.pack_sequence_as(out_structure[-1], flat_out)
 
 
