@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from tfmemopt.accumulation import _loss_normalization as ln
 from tfmemopt.accumulation._micro_batching import slice_batch
+from tfmemopt.accumulation._sparse_rows import reads_batch
 from tfmemopt.distribute import _hooks as _dist
 
 # What the first trace of a micro-step revealed (static structure):
@@ -135,6 +136,7 @@ class _Window:
             "terms": term_values,
             "generic": generic,
             "dynamic_idx": [k for k, t in enumerate(terms) if t.dynamic],
+            "x": x,
         }
 
     # -- accumulation ----------------------------------------------------
@@ -144,15 +146,19 @@ class _Window:
     # the same rows as for the whole batch (Keras's Adam squares the rows of
     # a sparse gradient before duplicates are summed, so densifying would
     # change the update). This holds under XLA too: the loop's rows go
-    # through TensorArrays of fixed element shape.
+    # through TensorArrays of fixed element shape. Rows whose indices do not
+    # come from the batch (position embeddings) are the same in every
+    # micro-batch and appear once in the full batch's gradient: their
+    # values are summed like a dense gradient ("shared", see _sparse_rows).
     def _first(self, out):
         kinds = []
+        self.shared_indices = {}
         for j, v in enumerate(self.variables):
             grads = [g[j] for g in out["grads"] if g[j] is not None]
             if not grads:
                 kinds.append(None)
             elif all(isinstance(g, tf.IndexedSlices) for g in grads):
-                kinds.append("sparse")
+                kinds.append(self._sparse_kind(j, grads, out))
             else:
                 kinds.append("dense")
         self.spec = _Spec(
@@ -163,13 +169,43 @@ class _Window:
         self.kinds = kinds
         return self._pack(out)
 
+    def _sparse_kind(self, j, grads, out):
+        """"shared" when every group's rows are the same, batch-free rows."""
+        shape = grads[0].values.shape
+        if (
+            len(grads) != len(out["grads"])
+            or not shape.is_fully_defined()
+            or any(g.values.shape != shape for g in grads)
+            or any(reads_batch(g.indices, out["x"]) is not False for g in grads)
+        ):
+            return "sparse"
+        self.shared_indices[j] = tf.cast(grads[0].indices, tf.int32)
+        return "shared"
+
+    def _shared_values(self, g, j):
+        expected = self.shared_indices[j].shape + self.variables[j].shape[1:]
+        if g is None or g.values.shape != expected:
+            raise ValueError(
+                "The sparse gradient of variable "
+                f"{self.variables[j].path!r} has rows of shape "
+                f"{None if g is None else g.values.shape} in one micro-batch "
+                f"and {expected} in the first, although its indices do not "
+                "come from the batch. tfmemopt cannot accumulate it exactly: "
+                "please report this model at tfmemopt's issue tracker."
+            )
+        return tf.cast(g.values, tf.float32)
+
     def _pack(self, out):
         """Micro-step output -> (dense accumulators, sparse rows)."""
         dense, rows = [], []
         for group in out["grads"]:
             dense_g, rows_g = [], []
-            for g, v, kind in zip(group, self.variables, self.kinds):
-                if kind == "dense":
+            for j, (g, v, kind) in enumerate(
+                zip(group, self.variables, self.kinds)
+            ):
+                if kind == "shared":
+                    dense_g.append(self._shared_values(g, j))
+                elif kind == "dense":
                     dense_g.append(
                         _as_dense_f32(g)
                         if g is not None
@@ -349,9 +385,16 @@ class _Window:
         dense_it = iter(dense_total)
         sparse_it = iter(zip(sparse_values, sparse_indices))
         grads_and_vars = []
-        for v, kind in zip(self.variables, self.kinds):
+        for j, (v, kind) in enumerate(zip(self.variables, self.kinds)):
             if kind == "dense":
                 grads_and_vars.append((tf.cast(next(dense_it), v.dtype), v))
+            elif kind == "shared":
+                grad = tf.IndexedSlices(
+                    tf.cast(next(dense_it), v.dtype),
+                    self.shared_indices[j],
+                    dense_shape=tf.constant(list(v.shape), tf.int32),
+                )
+                grads_and_vars.append((grad, v))
             elif kind == "sparse":
                 values, indices = next(sparse_it)
                 grad = tf.IndexedSlices(
