@@ -27,17 +27,22 @@ class CheckpointReport:
             segments) or `"layers"` (each chosen layer recomputes itself).
         segments: One list of layer names per checkpointed segment.
         skipped: `(layer name, reason)` for layers left out.
+        inside: `None`, or the path of the nested model the policy was
+            applied to (`"gpt2_causal_lm/gpt2_backbone"`): `"auto"` goes
+            into a nested model that holds most of the weighted layers.
     """
 
     policy: str
     mode: str
     segments: list = dataclasses.field(default_factory=list)
     skipped: list = dataclasses.field(default_factory=list)
+    inside: str | None = None
 
     def __str__(self) -> str:
         lines = [
             f"checkpointing policy={self.policy!r} mode={self.mode!r}: "
             f"{len(self.segments)} segment(s)"
+            + (f" inside {self.inside}" if self.inside else "")
         ]
         for i, names in enumerate(self.segments):
             lines.append(f"  segment {i}: {', '.join(names)}")
@@ -68,7 +73,12 @@ def enable_checkpointing(model: keras.Model, policy="auto") -> CheckpointReport:
             `"auto"`: segments of about sqrt(N) weighted layers, cut where a
             single tensor carries everything on (functional and
             `Sequential` models; subclassed models fall back to
-            `"blocks"`). `"blocks"`: every top-level layer made of
+            `"blocks"`). It goes into a nested model that holds most of
+            the weighted layers (a keras-hub task's backbone), and a layer
+            holding most of them that keeps blocks in a list (keras-hub's
+            `ViTEncoder`) has each block recomputed on its own; it warns
+            when the one segment it finds is the whole model (which saves
+            nothing). `"blocks"`: every top-level layer made of
             sub-layers (a transformer block, a residual unit) on its own.
             A list of layers or layer names: each on its own. A callable
             `fn(layer) -> bool`: every layer (at any depth) it accepts.
@@ -115,16 +125,31 @@ def enable_checkpointing(model: keras.Model, policy="auto") -> CheckpointReport:
         if isinstance(policy, str)
         else ("predicate" if callable(policy) else "list")
     )
+    if policy == "auto":
+        inner = policies.dominant_submodel(model)
+        if inner is not None and getattr(inner, _STATE, None) is None:
+            # A task model around a backbone: the backbone's own segments.
+            report = enable_checkpointing(inner, "auto")
+            report.inside = f"{model.name}/{report.inside or inner.name}"
+            state = {"report": report, "patched": [], "model_call": False}
+            state["nested"] = inner
+            object.__setattr__(model, _STATE, state)
+            _drop_traced_functions(model)
+            return report
     report = CheckpointReport(policy=name, mode="layers")
     state = {"report": report, "patched": [], "model_call": False}
+    layers = None
     if policy == "auto":
-        segments = policies.auto_segments(model)
+        layers = policies.held_blocks(model)
+        segments = None if layers else policies.auto_segments(model)
         if segments is not None:
             _enable_segments(model, segments, report, state)
-        else:
+        elif not layers:
             policy = "blocks"
     if not state["model_call"]:
-        for layer in policies.select_layers(model, policy):
+        if layers is None or not layers:
+            layers = policies.select_layers(model, policy)
+        for layer in layers:
             reason = why_not_replayable(layer)
             if reason is not None:
                 _skip(report, layer.name, reason)
@@ -139,9 +164,26 @@ def enable_checkpointing(model: keras.Model, policy="auto") -> CheckpointReport:
             "model of plain layers use 'auto'; 'blocks' needs top-level "
             "layers made of sub-layers."
         )
+    _warn_if_whole(model, report)
     object.__setattr__(model, _STATE, state)
     _drop_traced_functions(model)
     return report
+
+
+def _warn_if_whole(model, report) -> None:
+    """Warns when the one segment chosen is the whole model (no saving)."""
+    ops = policies.top_level(model)
+    names = [op.name for op in ops if policies.weighted_layers(op)]
+    if len(report.segments) == 1 and set(names) <= set(report.segments[0]):
+        warnings.warn(
+            f"tfmemopt checkpointing policy {report.policy!r} put all of "
+            f"model {model.name!r} into one segment "
+            f"({', '.join(report.segments[0])}): a single segment keeps as "
+            "many activations as no checkpointing and saves nothing. Pass "
+            "the layers to recompute (a list of layers or names, or a "
+            "predicate), or use 'blocks' if the model's layers hold blocks.",
+            stacklevel=3,
+        )
 
 
 def disable_checkpointing(model: keras.Model) -> None:
@@ -161,6 +203,8 @@ def disable_checkpointing(model: keras.Model) -> None:
     state = getattr(model, _STATE, None)
     if state is None:
         return
+    if state.get("nested") is not None:
+        disable_checkpointing(state["nested"])
     for layer in state["patched"]:
         layer.__dict__.pop("call", None)
     if state["model_call"]:

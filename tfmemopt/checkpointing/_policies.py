@@ -178,4 +178,44 @@ def auto_segments(model) -> list[tuple[int, int]] | None:
     return segments
 
 
+def dominant_submodel(model):
+    """A nested `keras.Model` holding most of `model`'s weighted layers.
+
+    A keras-hub task (`GPT2CausalLM`, `BertTextClassifier`,
+    `ViTImageClassifier`) is a small head around one backbone model; cut at
+    the top level, the whole backbone would be one segment and nothing
+    would be saved. `None` when there is no such model.
+    """
+    ops = top_level(model)
+    weighted = [weighted_layers(op) for op in ops]
+    total = sum(weighted)
+    for op, w in zip(ops, weighted):
+        if isinstance(op, keras.Model) and w > 1 and 2 * w > total:
+            return op
+    return None
+
+
+def held_blocks(model) -> list:
+    """The blocks inside a top-level layer that holds most of the weights.
+
+    A layer such as keras-hub's `ViTEncoder` keeps its transformer blocks in
+    a list: the model's graph sees one layer, which a segment would take
+    whole. Its composite children (the blocks) are what to recompute, each
+    on its own; at least two, else `[]`.
+    """
+    ops = [op for op in top_level(model) if isinstance(op, keras.layers.Layer)]
+    total = sum(weighted_layers(op) for op in top_level(model))
+    for op in ops:
+        if isinstance(op, keras.Model) or 2 * weighted_layers(op) <= total:
+            continue
+        blocks = [
+            x
+            for x in op._flatten_layers(include_self=False, recursive=False)
+            if is_composite(x)
+        ]
+        if len(blocks) >= 2:
+            return blocks
+    return []
+
+
 Predicate = Callable[[keras.layers.Layer], bool]
