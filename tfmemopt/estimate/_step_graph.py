@@ -106,21 +106,48 @@ def _layer_of(component: str, names: set) -> str:
     return name if name in names else component
 
 
+def _as_call_arg(x):
+    """The specs `input_specs` gives, as the model's call takes them."""
+    if isinstance(x, dict):
+        return x
+    return x[0] if len(x) == 1 else x
+
+
 def input_specs(model, batch_size: int):
-    """TensorSpecs for the model's inputs at `batch_size`, or ValueError."""
+    """TensorSpecs for the model's inputs at `batch_size`, or ValueError.
+
+    A list, or a dict for a model whose inputs are a dict (keras-hub's
+    `{"token_ids": ..., "padding_mask": ...}`): a list would be matched to
+    the dict's keys in sorted order, not in the order of `model.inputs`.
+    """
     inputs = None
     try:
         inputs = model.inputs
     except (AttributeError, ValueError):
         inputs = None
+    keys = None
     if inputs:
         shapes = [(tuple(i.shape), i.dtype) for i in inputs]
+        try:
+            structure = model.input
+        except (AttributeError, ValueError):
+            structure = None
+        if isinstance(structure, dict):
+            by_id = {id(t): k for k, t in structure.items()}
+            keys = [by_id.get(id(i)) for i in inputs]
+            if None in keys:
+                keys = None
     else:
         shapes = None
         build = getattr(model, "_build_shapes_dict", None)
         if model.built and build and len(build) == 1:
             shape = next(iter(build.values()))
-            if shape is not None and not isinstance(shape, dict):
+            if isinstance(shape, dict) and all(
+                isinstance(v, (list, tuple)) for v in shape.values()
+            ):
+                keys = list(shape)
+                shapes = [(tuple(shape[k]), "float32") for k in keys]
+            elif shape is not None and not isinstance(shape, dict):
                 shapes = [(tuple(shape), "float32")]
         if shapes is None:
             raise ValueError(
@@ -139,6 +166,8 @@ def input_specs(model, batch_size: int):
                 "shape, e.g. `keras.Input(shape=(128,))`."
             )
         specs.append(tf.TensorSpec((batch_size,) + tuple(shape[1:]), dtype))
+    if keys is not None:
+        return dict(zip(keys, specs))
     return specs
 
 
@@ -151,7 +180,7 @@ def _output_shapes(model, in_specs):
         return [tuple(o.shape[1:]) for o in outputs]
     # Subclassed model: trace the forward pass once to learn its outputs.
     forward = tf.function(
-        lambda x: model(x[0] if len(x) == 1 else x, training=False)
+        lambda x: model(_as_call_arg(x), training=False)
     ).get_concrete_function(in_specs)
     return [
         tuple(t.shape[1:]) for t in tf.nest.flatten(forward.structured_outputs)
@@ -199,7 +228,7 @@ def trace_step(
 
     def step(x, y):
         with tf.GradientTape() as tape:
-            pred = model(x[0] if len(x) == 1 else x, training=True)
+            pred = model(_as_call_arg(x), training=True)
             preds = pred if isinstance(pred, (list, tuple)) else [pred]
             loss = 0.0
             for p, t in zip(preds, y):

@@ -174,8 +174,9 @@ def find_batch_size(
     Args:
         model: A compiled `keras.Model` (a `tfmemopt.Model` searches its
             global batch with its own accumulation).
-        data: `(x, y)` or `(x, y, sample_weight)` of arrays, a batched
-            `tf.data.Dataset` or a `keras.utils.PyDataset`; samples are
+        data: As `fit` takes it: x alone, `(x, y)` or
+            `(x, y, sample_weight)` of arrays, a batched `tf.data.Dataset`
+            or a `keras.utils.PyDataset` yielding any of these; samples are
             repeated to fill large batches.
         mode: Str, defaults to `"binsearch"`; or `"power"`. Both double
             first; `"binsearch"` bisects, `"power"` climbs by halving powers

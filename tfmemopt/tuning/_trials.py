@@ -53,8 +53,9 @@ def _to_numpy(tree):
 def sample_pool(data):
     """`(x, y, sample_weight)` of up to 256 samples (numpy) from `data`.
 
-    `data` is `(x, y)` or `(x, y, sample_weight)` of arrays (x may be a
-    dict or list), a batched `tf.data.Dataset`, or a `keras.utils.PyDataset`.
+    `data` is x, `(x, y)` or `(x, y, sample_weight)` of arrays (x may be a
+    dict or list), a batched `tf.data.Dataset`, or a `keras.utils.PyDataset`
+    yielding any of these.
     """
     if isinstance(data, tf.data.Dataset):
         pool = list(data.unbatch().take(_POOL).batch(_POOL).take(1))
@@ -71,16 +72,29 @@ def sample_pool(data):
                 "with at least one batch."
             )
         data = data[0]
-    if not isinstance(data, (tuple, list)) or len(data) not in (2, 3):
+    # As `fit`: x alone (an array, a dict or a tensor: a model trained on
+    # `add_loss` terms has no y), `(x,)`, `(x, y)` or `(x, y, sw)`.
+    if isinstance(data, list):
+        data = tuple(data)
+    if data is None or (isinstance(data, tuple) and len(data) not in (1, 2, 3)):
         raise TypeError(
-            "`data` must be `(x, y)` or `(x, y, sample_weight)` of arrays, a "
-            "batched tf.data.Dataset or a keras.utils.PyDataset yielding "
-            f"them. Received: data of type {type(data).__name__}"
+            "`data` must be x, `(x, y)` or `(x, y, sample_weight)` of "
+            "arrays, a batched tf.data.Dataset or a keras.utils.PyDataset "
+            f"yielding them. Received: data of type {type(data).__name__}"
             + (f" with {len(data)} items" if hasattr(data, "__len__") else "")
             + "."
         )
-    x, y, sw = (tuple(data) + (None,))[:3]
+    x, y, sw = keras.utils.unpack_x_y_sample_weight(data)
     x, y, sw = _to_numpy(x), _to_numpy(y), _to_numpy(sw)
+    if x is None or any(
+        a is not None and a.ndim == 0 for a in tf.nest.flatten((x, y, sw))
+    ):
+        raise TypeError(
+            "`data` must be x, `(x, y)` or `(x, y, sample_weight)` of "
+            "arrays with a batch dimension, a batched tf.data.Dataset or a "
+            "keras.utils.PyDataset yielding them. Received: data of type "
+            f"{type(data).__name__}."
+        )
     sizes = {len(a) for a in tf.nest.flatten((x, y, sw)) if a is not None}
     if len(sizes) != 1 or 0 in sizes:
         raise ValueError(
