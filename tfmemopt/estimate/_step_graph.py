@@ -222,23 +222,8 @@ def trace_step(
             model's floating activations (and their gradients) under another
             dtype policy; weight gradients and the loss keep their dtype.
     """
-    in_specs = input_specs(model, batch_size)
-    loss_fn, y_specs = _loss_and_target_specs(model, batch_size, in_specs)
-    mark = {}
-
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            pred = model(_as_call_arg(x), training=True)
-            preds = pred if isinstance(pred, (list, tuple)) else [pred]
-            loss = 0.0
-            for p, t in zip(preds, y):
-                loss = loss + loss_fn(t, p)
-        mark["forward"] = len(tf.compat.v1.get_default_graph().get_operations())
-        return tape.gradient(loss, model.trainable_variables)
-
-    concrete = tf.function(step).get_concrete_function(in_specs, y_specs)
+    concrete, n_fwd = _traced_step(model, batch_size)
     ops = concrete.graph.get_operations()
-    n_fwd = mark["forward"]
     fwd_names = {op.name for op in ops[:n_fwd]}
     names = _all_layer_names(model)
     model_scope = None
@@ -278,10 +263,65 @@ def trace_step(
             return 0 if shared else int(n * scale(t, dtype))
         return _nbytes(t, scale)
 
-    # Forward tensors read by gradient ops: the activations kept.
+    saved_by_layer, unknown = _kept_for_backward(
+        ops[n_fwd:], fwd_names, path_of, size_of
+    )
+    segments = {}
+    for depth in (1, 2):
+        segments[depth] = _units_at(
+            depth, ops[:n_fwd], model_scope, path_of, saved_by_layer, size_of
+        )
+
+    outputs = list(concrete.graph.outputs)
+    peak = _simulate(ops, outputs, size_of, aliases)
+    inputs = sum(_nbytes(s_to_t) or 0 for s_to_t in concrete.graph.inputs)
+    grads = sum(_nbytes(t, None) or 0 for t in outputs)
+    sparse_rows = {
+        i: (_nbytes(g.values) or 0) + (_nbytes(g.indices) or 0)
+        for i, g in enumerate(concrete.structured_outputs)
+        if isinstance(g, tf.IndexedSlices)
+    }
+    return StepGraph(
+        peak=peak,
+        inputs=inputs,
+        saved=sum(n for _, n in saved_by_layer),
+        gradients=grads,
+        saved_by_layer=saved_by_layer,
+        segments=segments,
+        unknown=unknown,
+        sparse_rows=sparse_rows,
+    )
+
+
+def _traced_step(model, batch_size: int):
+    """`(concrete function, forward op count)` of one gradient step."""
+    in_specs = input_specs(model, batch_size)
+    loss_fn, y_specs = _loss_and_target_specs(model, batch_size, in_specs)
+    mark = {}
+
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            pred = model(_as_call_arg(x), training=True)
+            preds = pred if isinstance(pred, (list, tuple)) else [pred]
+            loss = 0.0
+            for p, t in zip(preds, y):
+                loss = loss + loss_fn(t, p)
+        mark["forward"] = len(tf.compat.v1.get_default_graph().get_operations())
+        return tape.gradient(loss, model.trainable_variables)
+
+    concrete = tf.function(step).get_concrete_function(in_specs, y_specs)
+    return concrete, mark["forward"]
+
+
+def _kept_for_backward(backward_ops, fwd_names, path_of, size_of):
+    """Forward tensors read by gradient ops: the activations kept.
+
+    Returns `(saved_by_layer, unknown)`: `[(layer path, bytes)]`, and the
+    labels of loop tensors whose size the graph does not say.
+    """
     saved = {}
     unknown = []
-    for op in ops[n_fwd:]:
+    for op in backward_ops:
         for t in op.inputs:
             if t.op.name not in fwd_names or t.op.type in _FREE:
                 continue
@@ -298,32 +338,7 @@ def trace_step(
                 unknown.append(label)
             continue
         saved_by_layer.append((path[1:] if path else (), n))
-    segments = {}
-    for depth in (1, 2):
-        segments[depth] = _units_at(
-            depth, ops[:n_fwd], model_scope, path_of, saved_by_layer, size_of
-        )
-
-    outputs = list(concrete.graph.outputs)
-    peak = _simulate(ops, outputs, size_of, aliases)
-    inputs = sum(_nbytes(s_to_t) or 0 for s_to_t in concrete.graph.inputs)
-    grads = sum(_nbytes(t, None) or 0 for t in outputs)
-    sparse_rows = {}
-    for i, g in enumerate(concrete.structured_outputs):
-        if isinstance(g, tf.IndexedSlices):
-            sparse_rows[i] = (_nbytes(g.values) or 0) + (
-                _nbytes(g.indices) or 0
-            )
-    return StepGraph(
-        peak=peak,
-        inputs=inputs,
-        saved=sum(n for _, n in saved_by_layer),
-        gradients=grads,
-        saved_by_layer=saved_by_layer,
-        segments=segments,
-        unknown=unknown,
-        sparse_rows=sparse_rows,
-    )
+    return saved_by_layer, unknown
 
 
 def _units_at(depth, fwd_ops, model_scope, path_of, saved_by_layer, size_of):
