@@ -249,7 +249,8 @@ def main():
         f"noisy, read the ratios). CPU: {cpu_model()}.\n\n"
         + table(headers, rows)
         + "\n\nWhat 16 bits save here (mechanism measured with the "
-        "profiler's allocation events, see tests/test_mixed_precision.py): "
+        "profiler's allocation events, see "
+        "tests/precision/test_mixed_precision.py): "
         "the activations kept for the backward pass halve "
         f"({ratio(results, 'kept'):.2f}x"
         " with accumulation and checkpointing; the float32 output layer's "

@@ -1,7 +1,7 @@
 """tfmemopt.callbacks.MemoryMonitor: logs, records, summary, plot.
 
 CPU statistics come from oneDNN's allocator, which counts only allocations
-of 256 KiB or more (tests/test_memory.py pins this): every model here has
+of 256 KiB or more (tests/memory/test_memory.py pins this): every model here has
 activations of at least that size per layer.
 """
 

@@ -1,4 +1,4 @@
-"""tfmemopt.advice: planted precision and alignment problems are found."""
+"""check_precision, check_alignment: planted problems are found."""
 
 import keras
 import pytest

@@ -1,6 +1,6 @@
 """Alignment rules: which multiple each dimension wants, and which dims.
 
-Pure functions over `Hardware` and layers; `tfmemopt.advice.check_alignment`
+Pure functions over `Hardware` and layers; `tfmemopt.precision.check_alignment`
 turns them into findings.
 """
 
