@@ -204,11 +204,15 @@ def test_budget_search_on_cpu_leaves_the_model_unchanged():
             verbose=0,
         )
         by_batch = {t.batch_size: t for t in found.trials}
-        best = by_batch[found.batch_size]
-        assert best.fits and best.peak_bytes <= found.limit_bytes <= budget
-        above = by_batch[found.batch_size + 64]
+        best = by_batch[found.largest_fitting]
+        assert best.fits and best.peak_bytes <= found.limit_bytes == budget
+        above = by_batch[found.largest_fitting + 64]
         assert not above.fits and above.peak_bytes > found.limit_bytes
-        results[mode] = found.batch_size
+        # The margin comes off the batch, aligned: 0.95 x, down to 64s.
+        assert found.batch_size == max(
+            64, int(found.largest_fitting * 0.95) // 64 * 64
+        )
+        results[mode] = found.largest_fitting
     assert 64 < results["binsearch"] < 512
     assert abs(results["binsearch"] - results["power"]) <= 64
 

@@ -36,7 +36,7 @@ class BatchSizeResult:
         trials: List of `Trial(batch_size, fits, peak_bytes, reason)`, in
             the order they ran.
         limit_bytes: Int or `None`, the peak a trial had to stay within
-            (`memory_budget x (1 - margin)`), `None` without a budget.
+            (`memory_budget`), `None` without a budget.
         mode: Str, the search mode.
         multiple_of: Int, the alignment of every tried batch.
         device: Str, the device whose memory was measured.
@@ -163,8 +163,9 @@ def find_batch_size(
     of `multiple_of`, doubling, then bisecting) and measures the device's
     peak memory: model and optimizer state plus what the steps needed. A
     trial fails when TensorFlow raises `ResourceExhaustedError` or when its
-    peak exceeds `memory_budget x (1 - margin)` (works on any device whose
-    allocator keeps statistics, CPU with oneDNN included). Cost: about
+    peak exceeds `memory_budget` (works on any device whose allocator keeps
+    statistics, CPU with oneDNN included); the largest batch that fits is
+    then lowered by `margin`. Cost: about
     `2 log2(max_batch_size / multiple_of)` trials of a few steps each, one
     trace each. Trials run on `model` itself and never change it: weights,
     optimizer variables and iteration counter, metrics and the compiled
@@ -185,8 +186,13 @@ def find_batch_size(
             `None`: without it only out-of-memory errors end the search.
         max_batch_size: Int, defaults to `4096`.
         multiple_of: Int, defaults to `8`.
-        margin: Float, defaults to `0.05`: the fraction of `memory_budget`
-            kept free; without a budget the found batch is lowered by it.
+        margin: Float, defaults to `0.05`: the largest batch that fitted
+            is lowered by this fraction (then down to a multiple of
+            `multiple_of`), headroom for what a few trial steps do not see
+            (fragmentation over a long run, input pipeline buffers). It is
+            taken off the batch, not the budget: where weights and
+            optimizer state fill most of the budget, 5% of the budget can
+            be most of what the activations have.
         steps_per_trial: Int, defaults to `2`.
         device: Str or `None`, defaults to the first accelerator, else
             `"CPU:0"`.
@@ -217,7 +223,7 @@ def find_batch_size(
     if memory_budget is not None:
         budget = _search.parse_bytes(memory_budget)
     runner = TrialRunner(model, data, steps_per_trial, device)
-    limit = None if budget is None else int(budget * (1 - margin))
+    limit = budget
     if limit is not None and not runner.stats:
         raise RuntimeError(
             f"`memory_budget` needs memory statistics from {runner.device}, "
@@ -232,8 +238,8 @@ def find_batch_size(
             raise ValueError(
                 "The model cannot fit at any batch size: its weights and "
                 f"optimizer state alone take {format_mib(state)}, more than "
-                f"memory_budget={budget} bytes x (1 - margin={margin}) = "
-                f"{format_mib(limit)}, and every batch needs more on top "
+                f"memory_budget={budget} bytes ({format_mib(limit)}), and "
+                "every batch needs more on top "
                 "(gradients, activations). Raise the budget, use a smaller "
                 "model or an optimizer with less state (SGD keeps none, Adam "
                 "two slots per weight); accumulation and checkpointing only "
@@ -269,7 +275,7 @@ def find_batch_size(
             "raise memory_budget."
         )
     chosen = best
-    if budget is None and margin:
+    if margin:
         chosen = max(
             multiple_of,
             math.floor(best * (1 - margin) / multiple_of) * multiple_of,
