@@ -1,0 +1,153 @@
+"""ShardedOptimizer checkpoints do not depend on the replica count.
+
+Written with 2 replicas (`model.save`, `save_weights`, `BackupAndRestore`
+interrupted after 2 of 4 epochs), read back with 4 replicas, on one device
+and into an unwrapped AdamW: the optimizer state read back is the state
+written (bit for bit), and training continues as the uninterrupted 2-replica
+run does (to the all-reduce rounding floor).
+"""
+
+import json
+import os
+
+import h5py
+import numpy as np
+import pytest
+from conftest import run_in_subprocess
+
+COMMON = """
+import json, os, numpy as np, keras, tfmemopt
+from tfmemopt.distribute import ShardedOptimizer
+
+R = len(tf.config.list_logical_devices("CPU"))
+STRATEGY = (tf.distribute.MirroredStrategy([f"CPU:{i}" for i in range(R)])
+            if R > 1 else tf.distribute.get_strategy())
+rng = np.random.default_rng(0)
+X = rng.normal(size=(64, 37)).astype("float32")
+Y = rng.normal(size=(64, 5)).astype("float32")
+D = os.environ["CKPT_DIR"]
+
+def make(sharded=True):
+    keras.utils.set_random_seed(0)
+    with STRATEGY.scope():
+        inp = keras.Input((37,))
+        h = keras.layers.Dense(61, activation="tanh")(inp)
+        m = keras.Model(inp, keras.layers.Dense(5)(h))
+        lr = keras.optimizers.schedules.ExponentialDecay(1e-2, 3, 0.8)
+        opt = keras.optimizers.AdamW(lr, weight_decay=0.05)
+        if sharded:
+            opt = ShardedOptimizer(opt)
+        m.compile(optimizer=opt, loss="mse")
+    return m
+
+def fit(m, epochs, callbacks=()):
+    m.fit(X, Y, batch_size=16, epochs=epochs, shuffle=False, verbose=0,
+          callbacks=list(callbacks))
+    return [w.numpy().tolist() for w in m.trainable_weights]
+
+class Stop(keras.callbacks.Callback):
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch == 1:
+            raise RuntimeError("interrupted")
+"""
+
+WRITE = """
+m = make()
+w0 = [w.numpy().tolist() for w in m.trainable_weights]
+ref = fit(m, 4)
+m = make()
+fit(m, 2)
+m.save(os.path.join(D, "m.keras"))
+m.save_weights(os.path.join(D, "m.weights.h5"))
+m = make()
+try:
+    fit(m, 4, [keras.callbacks.BackupAndRestore(os.path.join(D, "backup")),
+               Stop()])
+except RuntimeError:
+    pass
+emit({"w0": w0, "ref": ref})
+"""
+
+READ = """
+out = {}
+with STRATEGY.scope():
+    m = keras.saving.load_model(os.path.join(D, "m.keras"))
+m.save_weights(os.path.join(D, f"resaved_{R}.weights.h5"))
+out["keras"] = fit(m, 2)
+def load_weights(m):
+    # As with any Keras optimizer, the state loads into a built optimizer.
+    with STRATEGY.scope():
+        m.optimizer.build(m.trainable_variables)
+    m.load_weights(os.path.join(D, "m.weights.h5"))
+
+m = make()
+load_weights(m)
+out["weights"] = fit(m, 2)
+m = make()
+out["backup"] = fit(
+    m, 4, [keras.callbacks.BackupAndRestore(os.path.join(D, "backup"))])
+if R == 1:
+    m = make(sharded=False)
+    load_weights(m)
+    out["unwrapped_adamw"] = fit(m, 2)
+emit(out)
+"""
+
+
+def _optimizer_state(path):
+    out = {}
+    with h5py.File(path, "r") as f:
+
+        def visit(name, obj):
+            if isinstance(obj, h5py.Dataset) and name.startswith("optimizer"):
+                out[name] = np.asarray(obj)
+
+        f.visititems(visit)
+    return out
+
+
+@pytest.mark.slow
+def test_checkpoint_written_with_two_replicas_reads_anywhere(tmp_path):
+    env = {"CKPT_DIR": str(tmp_path)}
+    written = run_in_subprocess(COMMON + WRITE, n_cpus=2, env=env, timeout=600)
+    w0 = [np.asarray(w) for w in written["w0"]]
+    ref = [np.asarray(w) for w in written["ref"]]
+    change = max(float(np.max(np.abs(r - w))) for r, w in zip(ref, w0))
+    saved = _optimizer_state(tmp_path / "m.weights.h5")
+    # The whole state, in AdamW's own layout: the iteration count (the
+    # learning rate is a schedule) + 2 slots x 4 variables, each slot shaped
+    # like its variable.
+    assert len(saved) == 9, sorted(saved)
+    shapes = sorted(v.shape for v in saved.values())
+    assert (37, 61) in shapes and (61, 5) in shapes
+
+    results = {}
+    for n_cpus in (4, 1):
+        results[n_cpus] = run_in_subprocess(
+            COMMON + READ, n_cpus=n_cpus, env=env, timeout=600
+        )
+        resaved = _optimizer_state(tmp_path / f"resaved_{n_cpus}.weights.h5")
+        assert resaved.keys() == saved.keys()
+        for key in saved:
+            np.testing.assert_array_equal(resaved[key], saved[key])
+    report = {}
+    for n_cpus, out in results.items():
+        for how, weights in out.items():
+            diff = max(
+                float(np.max(np.abs(np.asarray(w) - r)))
+                for w, r in zip(weights, ref)
+            )
+            report[f"{n_cpus}:{how}"] = diff / change
+    with open(os.path.join(tmp_path, "report.json"), "w") as f:
+        json.dump(report, f)
+    assert set(report) == {
+        "4:keras",
+        "4:weights",
+        "4:backup",
+        "1:keras",
+        "1:weights",
+        "1:backup",
+        "1:unwrapped_adamw",
+    }, report
+    for how, diff in report.items():
+        assert diff <= 1e-5, report
