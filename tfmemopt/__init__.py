@@ -28,6 +28,7 @@ from tfmemopt.accumulation import WrappedModel
 from tfmemopt.checkpointing import CheckpointBlock
 from tfmemopt.checkpointing import disable_checkpointing
 from tfmemopt.checkpointing import enable_checkpointing
+from tfmemopt.distribute import ShardedOptimizer
 from tfmemopt.estimate import MemoryEstimate
 from tfmemopt.estimate import estimate_memory
 from tfmemopt.precision import _mixed_precision as mixed_precision
@@ -69,6 +70,7 @@ __all__ = [
     "pad_to_multiple",
     # distribution
     "distribute",
+    "ShardedOptimizer",
     # optimizers with small state
     "optimizers",
     # memory tools
