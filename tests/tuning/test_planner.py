@@ -153,15 +153,39 @@ def test_apply_mixed_precision_keeps_weights_and_float32_outputs():
 
 
 def test_budget_smaller_than_the_state_cannot_fit():
-    with pytest.raises(ValueError, match="cannot fit at any batch size"):
+    with pytest.raises(ValueError, match="cannot fit at any batch size") as e:
         tfmemopt.plan(mlp(), 64, 1024)
+    # The real sizes (a 1 KiB budget printed "0.0 MiB more than 0.0 MiB")
+    # and the budget that would do.
+    message = str(e.value)
+    assert "memory_budget=1.0 KiB (1,024 bytes)" in message
+    assert "0.0 MiB" not in message
+    assert "Raise memory_budget to at least" in message
+
+
+def test_budget_below_the_smallest_plan_says_what_would_fit():
+    model = mlp()
+    state = tfmemopt.estimate_memory(model, 64)
+    state = state.parameters + state.gradients + state.optimizer_state
+    with pytest.raises(ValueError, match="No allowed combination") as e:
+        tfmemopt.plan(model, 64, state + 1, allow="accumulation")
+    assert f"({state + 1:,} bytes)" in str(e.value)
+    assert "Raise memory_budget to at least" in str(e.value)
+
+
+def test_allow_takes_one_name_as_a_str():
+    # A str is one technique (or "a,b"), not its letters.
+    p = tfmemopt.plan(mlp(), 64, "1GiB", allow="accumulation")
+    assert p.policy == "float32" and p.checkpointing is None
+    with pytest.raises(TypeError, match="`allow` must be a tuple of names"):
+        tfmemopt.plan(mlp(), 64, "1GiB", allow=3)
 
 
 @pytest.mark.parametrize(
     "kwargs, match",
     [
         ({"allow": ("accumulation", "pruning")}, "unknown: \\['pruning'\\]"),
-        ({"allow": "accumulation"}, "must be a tuple"),
+        ({"allow": "accumulation,pruning"}, "unknown: \\['pruning'\\]"),
         ({"replicas": 3}, "divisible by `replicas`"),
         ({"verify": True}, "needs `data`"),
         ({"memory_budget": "lots"}, "such as '16GiB'"),

@@ -15,6 +15,7 @@ import dataclasses
 import keras
 
 from tfmemopt._utils import check_int
+from tfmemopt._utils import format_bytes
 from tfmemopt._utils import format_mib as _mib
 from tfmemopt.estimate import estimate_memory
 from tfmemopt.precision import _mixed_precision as mixed_precision
@@ -99,10 +100,10 @@ class Plan:
             f"{self.accumulation_steps} x replicas={self.replicas} = "
             f"global batch {self.global_batch_size}",
             f"checkpointing={self.checkpointing!r}, policy={self.policy!r}",
-            f"estimated peak {_mib(self.estimated_peak)} of budget "
-            f"{_mib(self.memory_budget)}"
+            f"estimated peak {format_bytes(self.estimated_peak)} of budget "
+            f"{format_bytes(self.memory_budget)}"
             + (
-                f", measured {_mib(self.measured_peak)}"
+                f", measured {format_bytes(self.measured_peak)}"
                 if self.measured_peak is not None
                 else ""
             ),
@@ -216,6 +217,7 @@ def plan(
     >>> model = p.apply(model)  # doctest: +SKIP
     >>> model.fit(x, y, batch_size=p.global_batch_size)  # doctest: +SKIP
     """
+    allow = _allow_tuple(allow)
     budget = _check_arguments(
         global_batch_size,
         memory_budget,
@@ -283,6 +285,21 @@ def plan(
     )
 
 
+def _allow_tuple(allow) -> tuple:
+    """`allow` as a tuple: one name or `"a,b"` is taken whole (iterating
+    `"accumulation"` gave its letters)."""
+    if isinstance(allow, str):
+        return tuple(a.strip() for a in allow.split(",") if a.strip())
+    try:
+        return tuple(allow)
+    except TypeError:
+        raise TypeError(
+            f"`allow` must be a tuple of names from {ALLOW} (or one name as "
+            f"a str). Received: allow={allow!r} (of type "
+            f"{type(allow).__name__})."
+        ) from None
+
+
 def _check_arguments(
     global_batch_size,
     memory_budget,
@@ -299,7 +316,7 @@ def _check_arguments(
     check_int("multiple_of", multiple_of)
     budget = _search.parse_bytes(memory_budget)
     unknown = [a for a in allow if a not in ALLOW]
-    if isinstance(allow, str) or unknown:
+    if unknown:
         raise ValueError(
             f"`allow` must be a tuple of {ALLOW}. Received: allow={allow!r}"
             + (f" (unknown: {unknown})" if unknown else "")
@@ -405,18 +422,28 @@ def _make_plan(best, global_batch_size, replicas, budget) -> Plan:
     )
 
 
+def _bytes(n) -> str:
+    """`"1.5 MiB (1,572,864 bytes)"`: exact also for budgets under 0.1 MiB
+    (`format_mib` printed "0.0 MiB more than 0.0 MiB")."""
+    return f"{format_bytes(n)} ({int(n):,} bytes)"
+
+
 def _raise_no_fit(considered, budget, global_batch_size, scale, margin):
     state = min(c["state"] for c in considered)
+    least = min(considered, key=lambda c: c["peak"])
+    # The budget at which the smallest candidate would be chosen.
+    needed = least["peak"] * scale / (1 - margin)
     if state >= budget:
         raise ValueError(
             "The model cannot fit at any batch size: its weights, gradients "
-            f"and optimizer state alone take {_mib(state)} (estimated), more "
-            f"than memory_budget={_mib(budget)}. Accumulation, checkpointing "
-            "and mixed precision only shrink activations. Raise the budget, "
-            "use more replicas with sharded state, a smaller model, or an "
-            "optimizer with less state (SGD keeps none)."
+            f"and optimizer state alone take {_bytes(state)} (estimated), "
+            f"more than memory_budget={_bytes(budget)}. Accumulation, "
+            "checkpointing and mixed precision only shrink activations. "
+            f"Raise memory_budget to at least {format_bytes(needed)} (the "
+            f"smallest plan, {_bytes(least['peak'])} estimated, plus "
+            f"margin={margin}), use more replicas with sharded state, a "
+            "smaller model, or an optimizer with less state (SGD keeps none)."
         )
-    least = min(considered, key=lambda c: c["peak"])
     measured = (
         f" (x {scale:.2f}, the ratio measured/estimated by verify)"
         if scale != 1.0
@@ -424,10 +451,15 @@ def _raise_no_fit(considered, budget, global_batch_size, scale, margin):
     )
     raise ValueError(
         f"No allowed combination trains global_batch_size={global_batch_size}"
-        f" within memory_budget={_mib(budget)}: the smallest estimate is "
-        f"{_mib(least['peak'] * scale)}{measured} (micro-batch "
+        f" within memory_budget={_bytes(budget)}: the smallest estimate is "
+        f"{_bytes(least['peak'] * scale)}{measured} (micro-batch "
         f"{least['micro_batch_size']}, "
         f"checkpointing={least['checkpointing']!r}, policy="
-        f"{least['policy']!r}), planned against the budget less margin="
-        f"{margin}. Allow more techniques, or raise the budget."
+        f"{least['policy']!r}), more than the budget less margin={margin} "
+        f"({_bytes(budget * (1 - margin))}). Raise memory_budget to at least "
+        f"{format_bytes(needed)}, lower margin, or allow more techniques "
+        f"(tried policies {sorted({c['policy'] for c in considered})}, "
+        "checkpointing "
+        + ("too" if any(c["checkpointing"] for c in considered) else "off")
+        + ")."
     )
