@@ -417,29 +417,45 @@ def _dense_flat(g):
 
 def _reduce(opt, ctx, r, flats, layouts):
     """Summed gradient partitions `[c]` of this replica, and the sums."""
-    plan = opt._plan
     if opt.stage == 1:
         summed = ctx.all_reduce(tf.distribute.ReduceOp.SUM, flats)
         return [lay.local(s, r) for s, lay in zip(summed, layouts)], summed
-    # Stage 2: every replica lays its gradients out as [R, C] (row q holds
-    # replica q's partitions) and keeps row r of the sum.
-    del plan
-    rows = []
-    for f, lay in zip(flats, layouts):
-        rows.append(tf.stack([lay.local(f, q) for q in range(lay.replicas)], 0))
-    buffer = tf.concat(rows, 1)
-    mine = _reduce_scatter(ctx, buffer, r)
-    parts, start = [], 0
-    for lay in layouts:
-        parts.append(mine[start : start + lay.c])
-        start += lay.c
+    groups: dict = {}
+    for i, f in enumerate(flats):
+        groups.setdefault(f.dtype, []).append(i)
+    parts = [None] * len(flats)
+    for indices in groups.values():
+        mine = _reduce_scatter(
+            ctx, [flats[i] for i in indices], [layouts[i] for i in indices], r
+        )
+        start = 0
+        for i in indices:
+            parts[i] = mine[start : start + layouts[i].c]
+            start += layouts[i].c
     return parts, None
 
 
-def _reduce_scatter(ctx, buffer, r):
-    """Row r of the sum over replicas of the `[R, C]` buffer."""
-    summed = ctx.all_reduce(tf.distribute.ReduceOp.SUM, buffer)
-    return summed[r]
+def _reduce_scatter(ctx, flats, layouts, r):
+    """This replica's `[C]` row of the summed gradients (stage 2).
+
+    TensorFlow has no public reduce-scatter (the raw CollectiveReduceScatterV2
+    op waits forever between logical CPU devices), so the R rows (row q: the
+    q-th partition of every gradient) are summed by R all-reduces of C
+    elements, one after another, and each replica keeps only its own row.
+    The bytes sent equal one all-reduce of the whole gradient (stage 1);
+    what is held at once is one row of the sum instead of the whole sum.
+    """
+    mine, previous = None, []
+    for q in range(layouts[0].replicas):
+        with tf.control_dependencies(previous):
+            row = tf.concat(
+                [lay.local(f, q) for f, lay in zip(flats, layouts)], 0
+            )
+            summed = ctx.all_reduce(tf.distribute.ReduceOp.SUM, row)
+        if q == r:
+            mine = summed
+        previous = [summed]
+    return mine
 
 
 def _sum_squares(ctx, opt, parts, summed):
