@@ -62,7 +62,11 @@ MOVED = {
 def alias_0_1_paths() -> None:
     """Enters every 0.1 path in `sys.modules` as the module it moved to."""
     for old, new in MOVED.items():
-        sys.modules.setdefault(old, importlib.import_module(new))
+        module = sys.modules.setdefault(old, importlib.import_module(new))
+        parent, leaf = old.rsplit(".", 1)
+        if parent != "tfmemopt":  # tfmemopt's own answer: legacy_attribute
+            # `tfmemopt.checkpointing.block`, as a submodule attribute was.
+            setattr(sys.modules[parent], leaf, module)
 
 
 def legacy_attribute(name: str):

@@ -6,6 +6,7 @@ subprocesses (see conftest.run_in_subprocess).
 """
 
 import json
+import os
 
 import keras
 import numpy as np
@@ -15,6 +16,11 @@ from conftest import run_in_subprocess
 
 import tfmemopt
 from tfmemopt import AccumulatingOptimizer
+
+# For subprocesses that import this module: its folder, and tests/ (conftest).
+_IMPORTABLE = os.pathsep.join(
+    [os.path.dirname(__file__), os.path.dirname(os.path.dirname(__file__))]
+)
 
 N_MICRO = 4
 MICRO = 8
@@ -402,7 +408,7 @@ emit(out)
 
 @pytest.mark.slow
 def test_save_mid_window_restore_in_fresh_process(tmp_path):
-    env = {"PYTHONPATH": f"{tmp_path}:{__file__.rsplit('/', 1)[0]}"}
+    env = {"PYTHONPATH": f"{tmp_path}:{_IMPORTABLE}"}
     assert (
         run_in_subprocess(
             _SAVE_MID_WINDOW.format(dir=tmp_path), n_cpus=1, env=env
@@ -591,7 +597,7 @@ emit(out)
 
 @pytest.mark.slow
 def test_mirrored_strategy_two_cpus():
-    env = {"PYTHONPATH": __file__.rsplit("/", 1)[0]}
+    env = {"PYTHONPATH": _IMPORTABLE}
     result = run_in_subprocess(_MIRRORED, n_cpus=2, env=env, timeout=600)
     x, y = _data()
     ref = _model()
@@ -689,7 +695,7 @@ emit(dict(weights=[w.tolist() for w in net.get_weights()],
 def test_mirrored_cpus_xla_autoclustering(tmp_path):
     # The XLA route that works on CPU replicas (the ValueError names it).
     env = {
-        "PYTHONPATH": __file__.rsplit("/", 1)[0],
+        "PYTHONPATH": _IMPORTABLE,
         "TF_XLA_FLAGS": "--tf_xla_cpu_global_jit --tf_xla_clustering_debug",
         "TF_DUMP_GRAPH_PREFIX": str(tmp_path),
     }
