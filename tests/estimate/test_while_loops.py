@@ -1,4 +1,4 @@
-"""Recurrent layers' while loops in the estimator (tfmemopt/estimate/_while_loops.py)."""
+"""Recurrent layers' while loops in the estimator (estimate/_while_loops)."""
 
 import keras
 import pytest

@@ -1,4 +1,4 @@
-"""Estimating under another dtype policy (tfmemopt/precision/_policy_clone.py)."""
+"""Estimating under another dtype policy (precision/_policy_clone.py)."""
 
 import keras
 
