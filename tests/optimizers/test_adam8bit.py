@@ -331,3 +331,25 @@ def test_adamw_needs_weight_decay_and_non_float_variables_refused():
     v = keras.Variable(np.zeros(3, "int32"), trainable=True)
     with pytest.raises(TypeError, match="int32"):
         Adam8bit().build([v])
+
+
+@pytest.mark.parametrize("block_size", [64, 100])
+def test_large_variables_updated_in_pieces_bit_for_bit(block_size):
+    # pieces of ~1000 elements: block-aligned row ranges of a 300 x 24 kernel
+    rng = np.random.default_rng(0)
+    w0 = rng.normal(size=(300, 24)).astype("float32")
+    grads = [rng.normal(size=(300, 24)).astype("float32") for _ in range(3)]
+    grads[2][5, 7] = np.nan  # skips the whole variable, in pieces too
+    runs = []
+    for chunk in (None, 1000):
+        w = keras.Variable(w0)
+        opt = AdamW8bit(0.01, min_8bit_size=0, block_size=block_size)
+        if chunk:
+            opt._CHUNK = chunk
+            assert len(opt._chunks((300, 24))) > 2
+        step = tf.function(lambda g: opt.apply_gradients([(g, w)]))
+        for g in grads:
+            step(tf.constant(g))
+        runs.append([w.numpy()] + [np.asarray(v) for v in opt.variables])
+    for a, b in zip(*runs):
+        np.testing.assert_array_equal(a, b)

@@ -15,13 +15,14 @@ out = {}
 # exact, so the all-reduced gradient equals the one-device gradient bit for
 # bit; every replica's codes must equal the one-device codes.
 rng = np.random.default_rng(0)
-w0 = rng.normal(size=(37, 29)).astype("float32")
-grads = [np.round(rng.normal(size=(37, 29)) * 256).astype("float32") / 512
+w0 = rng.normal(size=(256, 12)).astype("float32")
+grads = [np.round(rng.normal(size=(256, 12)) * 256).astype("float32") / 512
          for _ in range(3)]
 
 def one_device():
     w = keras.Variable(w0)
     opt = Adam8bit(min_8bit_size=0, block_size=64)
+    opt._CHUNK = 300  # the piecewise path: 16 pieces of 16 rows
     for g in grads:
         opt.apply_gradients([(g, w)])
     return w.numpy(), [np.asarray(v) for v in opt.variables]
@@ -30,6 +31,7 @@ def mirrored():
     with strategy.scope():
         w = keras.Variable(w0)
         opt = Adam8bit(min_8bit_size=0, block_size=64)
+        opt._CHUNK = 300
         opt.build([w])
     @tf.function
     def step(g):

@@ -93,6 +93,18 @@ def raw(variable):
     return variable
 
 
+def local(variable, device: str):
+    """The component of a (mirrored) optimizer variable on `device`, for the
+    partial reads and writes a MirroredVariable does not offer."""
+    target = raw(variable)
+    components = tf.distribute.get_strategy().experimental_local_results(target)
+    if len(components) > 1:
+        for component in components:
+            if component.device == device:
+                return component
+    return target
+
+
 def colocated(strategy, variable):
     """Creates slots next to `variable` (a no-op for stand-ins that are not
     variables, e.g. ShardedOptimizer's partition references)."""

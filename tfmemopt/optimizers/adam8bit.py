@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import keras
@@ -236,42 +237,165 @@ class Adam8bit(keras.optimizers.Optimizer):
             b1 = tf.cast(self.beta_1, f32)
             b2 = tf.cast(self.beta_2, f32)
             alpha = lr * tf.sqrt(1 - tf.pow(b2, step)) / (1 - tf.pow(b1, step))
-            shape = tuple(variable.shape)
-            state = [
-                self._read(slot, eight, name == "m", shape)
-                for slot, name in zip(slots, self._slot_names)
-            ]
             lazy = self.lazy_sparse and isinstance(gradient, tf.IndexedSlices)
-            if lazy:
-                rows, grad = _common.dedup_rows(gradient)
-                grad = tf.cast(grad, f32)
-                rows_2d = rows[:, None]
-                old = [tf.gather(s, rows) for s in state]
-            else:
-                grad = tf.cast(_common.densify(gradient, variable), f32)
-                old = state
-            new = self._adam(grad, old)
-            delta = alpha * new[0] / (tf.sqrt(new[-1]) + self.epsilon)
-            ok = tf.reduce_all(tf.math.is_finite(delta))
-            for moment in new:
-                ok = tf.logical_and(
-                    ok, tf.reduce_all(tf.math.is_finite(moment))
+            bounds = None
+            if eight and not lazy and isinstance(target, tf.Variable):
+                bounds = self._chunks(tuple(variable.shape))
+            if bounds is None:
+                writes = self._update_whole(
+                    gradient, variable, target, slots, eight, alpha, lazy
                 )
-            if lazy:
-                new = [
-                    tf.tensor_scatter_nd_update(s, rows_2d, n)
-                    for s, n in zip(state, new)
-                ]
-            delta = tf.cast(
-                tf.where(ok, delta, tf.zeros_like(delta)), target.dtype
-            )
-            if lazy:
-                writes = [target.scatter_sub(tf.IndexedSlices(delta, rows))]
             else:
-                writes = [target.assign_sub(delta, read_value=False)]
-            for slot, name, value in zip(slots, self._slot_names, new):
-                writes += self._write(slot, eight, name == "m", value, ok)
+                writes = self._update_chunks(
+                    gradient, variable, target, slots, alpha, bounds
+                )
         self._chain.record(device, writes)
+
+    # Elements per piece of a large 8-bit variable: its float32 temporaries
+    # (about 14 bytes per element, measured) stay below ~14 MiB whatever
+    # the variable's size.
+    _CHUNK = 2**20
+
+    def _chunks(self, shape):
+        """Row ranges of a rank >= 2 variable, each starting on a block
+        boundary of the flat codes, or None for one piece."""
+        size = int(np.prod(shape, dtype=np.int64))
+        if len(shape) < 2 or size <= self._CHUNK:
+            return None
+        rows, inner = int(shape[0]), size // int(shape[0])
+        unit = self.block_size // math.gcd(inner, self.block_size)
+        step = max(unit, (self._CHUNK // inner) // unit * unit)
+        if step >= rows:
+            return None
+        return [(r, min(rows, r + step)) for r in range(0, rows, step)]
+
+    def _update_chunks(self, gradient, variable, target, slots, alpha, bounds):
+        """The dense 8-bit update, a block-aligned row range at a time.
+
+        Each piece's reads wait for the previous piece's writes, so one
+        piece's decoded moments exist at a time. Codes and scales are read
+        and written per piece (gather/scatter on the optimizer's own
+        variables); the weights get one dense `assign_sub` of the pieces'
+        deltas (a partial write would switch the weight to TensorFlow's
+        copy-on-read mode, and every forward pass would copy it). A first
+        pass checks the whole gradient, so a non-finite entry still skips
+        the whole variable.
+        """
+        grad = _common.densify(gradient, variable)
+        inner = int(np.prod(variable.shape[1:], dtype=np.int64))
+        device = getattr(target, "device", "") or ""
+        deps, oks = [], []
+        for r0, r1 in bounds:
+            with tf.control_dependencies(deps):
+                # |g| < 1e19: finite, and g*g cannot overflow float32.
+                piece = tf.abs(tf.cast(grad[r0:r1], tf.float32))
+                ok = tf.reduce_all(piece < 1e19)
+            oks.append(ok)
+            deps = [ok]
+        ok_all = tf.reduce_all(tf.stack(oks))
+        writes, deltas, deps = [], [], [ok_all]
+        bs = self.block_size
+        # A zero known only at run time: grappler would otherwise fold each
+        # piece's index range into a constant kept with the graph (4 bytes
+        # per element of every large variable, resident between steps).
+        zero = tf.cast(tf.minimum(self.iterations, 0), tf.int32)
+        for r0, r1 in bounds:
+            with tf.control_dependencies(deps):
+                f0, f1 = r0 * inner, r1 * inner
+                b0, b1 = f0 // bs, -(-f1 // bs)
+                flat_rows = tf.range(zero + f0, zero + f1)
+                block_rows = tf.range(zero + b0, zero + b1)
+                g = tf.reshape(tf.cast(grad[r0:r1], tf.float32), [-1])
+                old = [
+                    (
+                        tf.reshape(
+                            _common.local(codes, device).sparse_read(flat_rows),
+                            [f1 - f0],
+                        ),
+                        tf.reshape(
+                            _common.local(absmax, device).sparse_read(
+                                block_rows
+                            ),
+                            [b1 - b0],
+                        ),
+                    )
+                    for codes, absmax in slots
+                ]
+                state = [
+                    q.dequantize(c, a, bs, name == "m")
+                    for (c, a), name in zip(old, self._slot_names)
+                ]
+                new = self._adam(g, state)
+                delta = alpha * new[0] / (tf.sqrt(new[-1]) + self.epsilon)
+                ok = tf.logical_and(
+                    ok_all, tf.reduce_all(tf.math.is_finite(delta))
+                )
+                deltas.append(tf.where(ok, delta, tf.zeros_like(delta)))
+                piece = []
+                for slot, (c_old, a_old), name, value in zip(
+                    slots, old, self._slot_names, new
+                ):
+                    codes, absmax = q.quantize(value, bs, name == "m")
+                    piece.append(
+                        _common.local(slot[0], device).scatter_update(
+                            tf.IndexedSlices(
+                                tf.where(ok, codes, c_old), flat_rows
+                            )
+                        )
+                    )
+                    piece.append(
+                        _common.local(slot[1], device).scatter_update(
+                            tf.IndexedSlices(
+                                tf.where(ok, absmax, a_old), block_rows
+                            )
+                        )
+                    )
+            writes += piece
+            deps = piece + [deltas[-1]]
+        with tf.control_dependencies(deps):
+            delta = tf.reshape(tf.concat(deltas, 0), variable.shape)
+            writes.append(
+                target.assign_sub(
+                    tf.cast(delta, target.dtype), read_value=False
+                )
+            )
+        return writes
+
+    def _update_whole(
+        self, gradient, variable, target, slots, eight, alpha, lazy
+    ):
+        f32 = tf.float32
+        shape = tuple(variable.shape)
+        state = [
+            self._read(slot, eight, name == "m", shape)
+            for slot, name in zip(slots, self._slot_names)
+        ]
+        if lazy:
+            rows, grad = _common.dedup_rows(gradient)
+            grad = tf.cast(grad, f32)
+            rows_2d = rows[:, None]
+            old = [tf.gather(s, rows) for s in state]
+        else:
+            grad = tf.cast(_common.densify(gradient, variable), f32)
+            old = state
+        new = self._adam(grad, old)
+        delta = alpha * new[0] / (tf.sqrt(new[-1]) + self.epsilon)
+        ok = tf.reduce_all(tf.math.is_finite(delta))
+        for moment in new:
+            ok = tf.logical_and(ok, tf.reduce_all(tf.math.is_finite(moment)))
+        if lazy:
+            new = [
+                tf.tensor_scatter_nd_update(s, rows_2d, n)
+                for s, n in zip(state, new)
+            ]
+        delta = tf.cast(tf.where(ok, delta, tf.zeros_like(delta)), target.dtype)
+        if lazy:
+            writes = [target.scatter_sub(tf.IndexedSlices(delta, rows))]
+        else:
+            writes = [target.assign_sub(delta, read_value=False)]
+        for slot, name, value in zip(slots, self._slot_names, new):
+            writes += self._write(slot, eight, name == "m", value, ok)
+        return writes
 
     def _adam(self, grad, old):
         m, v = old[0], old[1]
