@@ -165,6 +165,8 @@ def estimate_memory(
     checkpointing=None,
     replicas: int = 1,
     trainer: str | None = None,
+    input_shape=None,
+    sequence_length: int | None = None,
 ) -> MemoryEstimate:
     """Estimates the peak memory of one training step, per device.
 
@@ -213,6 +215,14 @@ def estimate_memory(
             each is normalised over the whole window, so each needs its own
             gradient; TensorFlow then keeps every intermediate of a loop
             body, about 2-4x an LSTM's memory. That case is not modelled.)
+        input_shape: `None` (the model's), one sample's shape without the
+            batch (`(128,)`), a list of them (one per input, in order) or a
+            dict by input name: for inputs with unknown dimensions
+            (`keras.Input(shape=(None,))`) or a subclassed model that is not
+            built (float32 inputs).
+        sequence_length: `None` or Int: every unknown dimension of the
+            inputs besides the batch takes this size (keras-hub text
+            models: `token_ids` and `padding_mask` of shape `(None,)`).
 
     Returns:
         A `MemoryEstimate` (bytes per field, `.total`, `.table()`,
@@ -220,8 +230,10 @@ def estimate_memory(
 
     Raises:
         TypeError: `model` is not a Keras model.
-        ValueError: the model is not built, a count is < 1, or the
-            optimizer, policy or checkpointing policy is unknown.
+        ValueError: the model is not built, an input has an unknown
+            dimension and neither `input_shape` nor `sequence_length` sizes
+            it, a count is < 1, or the optimizer, policy or checkpointing
+            policy is unknown.
 
     Example:
 
@@ -240,8 +252,10 @@ def estimate_memory(
         replicas,
         trainer,
     )
+    if sequence_length is not None:
+        check_int("sequence_length", sequence_length)
     # Trace first: a subclassed model may create its weights on first call.
-    traced, step, rescale = _trace(model, s)
+    traced, step, rescale = _trace(model, s, input_shape, sequence_length)
     trainable = model.trainable_weights
     params = sum(_weight_bytes(v, s) for v in model.weights)
     grads = sum(_weight_bytes(v, s) for v in trainable)
@@ -339,13 +353,18 @@ def _settings(
     )
 
 
-def _trace(model, s: _Settings):
+def _trace(model, s: _Settings, input_shape=None, sequence_length=None):
     """`(traced model, its step graph, whether activations are rescaled)`.
 
     Another policy: trace the model rebuilt under it (Keras keeps some
-    activations float32), else scale the float32 activations.
+    activations float32), else scale the float32 activations. A
+    `tfmemopt.Model.wrap(inner)` is traced as `inner` (the same weights and
+    graph; the policy rebuild and checkpointing segments need its layers).
     """
     traced = model
+    inner = getattr(model, "inner", None)
+    if isinstance(model, Model) and isinstance(inner, keras.Model):
+        traced = model = inner
     if s.policy.name != model.dtype_policy.name:
         traced = rebuilt_under(model, s.policy.name) or model
     model_compute = _itemsize(model.compute_dtype)
@@ -354,6 +373,8 @@ def _trace(model, s: _Settings):
         traced,
         s.micro,
         activation_itemsize=s.compute if rescale else None,
+        input_shape=input_shape,
+        sequence_length=sequence_length,
     )
     return traced, step, rescale
 

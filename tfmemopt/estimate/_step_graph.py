@@ -113,18 +113,24 @@ def _as_call_arg(x):
     return x[0] if len(x) == 1 else x
 
 
-def input_specs(model, batch_size: int):
+def input_specs(model, batch_size: int, input_shape=None, sequence_length=None):
     """TensorSpecs for the model's inputs at `batch_size`, or ValueError.
 
     A list, or a dict for a model whose inputs are a dict (keras-hub's
     `{"token_ids": ..., "padding_mask": ...}`): a list would be matched to
     the dict's keys in sorted order, not in the order of `model.inputs`.
+    `input_shape` and `sequence_length` are `estimate_memory`'s.
     """
     inputs = None
     try:
         inputs = model.inputs
     except (AttributeError, ValueError):
         inputs = None
+    inner = getattr(model, "inner", None)
+    if not inputs and isinstance(inner, keras.Model) and inner is not model:
+        # `tfmemopt.Model.wrap(model)`: built when the wrapped model is,
+        # with no inputs or build shapes of its own.
+        return input_specs(inner, batch_size, input_shape, sequence_length)
     keys = None
     if inputs:
         shapes = [(tuple(i.shape), i.dtype) for i in inputs]
@@ -137,6 +143,9 @@ def input_specs(model, batch_size: int):
             keys = [by_id.get(id(i)) for i in inputs]
             if None in keys:
                 keys = None
+        if input_shape is not None:
+            names = keys or [getattr(i, "name", None) for i in inputs]
+            shapes = _given_shapes(input_shape, shapes, names, model.name)
     else:
         shapes = None
         build = getattr(model, "_build_shapes_dict", None)
@@ -149,21 +158,31 @@ def input_specs(model, batch_size: int):
                 shapes = [(tuple(shape[k]), "float32") for k in keys]
             elif shape is not None and not isinstance(shape, dict):
                 shapes = [(tuple(shape), "float32")]
+        if shapes is None and input_shape is not None:
+            shapes, keys = _shapes_without_model(input_shape)
         if shapes is None:
             raise ValueError(
                 f"Cannot estimate the memory of model {model.name!r}: it is "
-                "not built and has no known input shape. Fix: build it first, "
-                "e.g. `model.build((None, 32))`, call it once on a batch, or "
-                "start it with `keras.Input(shape=...)`."
+                "not built and has no known input shape. Fix: pass "
+                "`input_shape=` (one sample's shape, e.g. `(32,)`), build it "
+                "first, e.g. `model.build((None, 32))`, call it once on a "
+                "batch, or start it with `keras.Input(shape=...)`."
             )
     specs = []
     for shape, dtype in shapes:
+        if sequence_length is not None:
+            shape = shape[:1] + tuple(
+                sequence_length if d is None else d for d in shape[1:]
+            )
         if any(d is None for d in shape[1:]):
             raise ValueError(
                 f"Model {model.name!r} has an input of shape {shape} with an "
-                "unknown dimension besides the batch; the estimator needs "
-                "every other dimension. Fix: build the model with a fixed "
-                "shape, e.g. `keras.Input(shape=(128,))`."
+                "unknown dimension besides the batch (a variable-length "
+                "input); the estimator needs every other dimension. Fix: "
+                "pass `sequence_length=128` (fills every unknown dimension) "
+                "or `input_shape=(128,)` (one sample's shape; a list or a "
+                "dict for several inputs) to estimate_memory/plan, or "
+                "--seq-len / --input-shape to the tfmemopt command."
             )
         specs.append(tf.TensorSpec((batch_size,) + tuple(shape[1:]), dtype))
     if keys is not None:
@@ -171,14 +190,106 @@ def input_specs(model, batch_size: int):
     return specs
 
 
+def _one_shape(value, what) -> tuple | None:
+    """`value` as one sample's shape (a tuple of ints), or None when it is
+    not a flat sequence (a list of shapes)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = (value,)
+    if not isinstance(value, (tuple, list, tf.TensorShape)):
+        raise TypeError(
+            f"`input_shape` must be one sample's shape (a tuple of ints, "
+            f"without the batch), a list of them or a dict of them. "
+            f"Received: {what}={value!r} (of type {type(value).__name__})."
+        )
+    value = tuple(value)
+    if all(
+        d is None or (isinstance(d, int) and not isinstance(d, bool) and d > 0)
+        for d in value
+    ):
+        return value
+    if value and all(isinstance(d, (tuple, list)) for d in value):
+        return None
+    raise ValueError(
+        f"`input_shape` must hold positive ints (one sample's shape, without "
+        f"the batch). Received: {what}={value!r}."
+    )
+
+
+def _shapes_without_model(input_shape):
+    """`(shapes, keys)` from `input_shape` alone (an unbuilt model: float32
+    inputs of those shapes)."""
+    if isinstance(input_shape, dict):
+        keys = list(input_shape)
+        shapes = [
+            (
+                (None,) + _one_shape(input_shape[k], f"input_shape[{k!r}]"),
+                "float32",
+            )
+            for k in keys
+        ]
+        return shapes, keys
+    one = _one_shape(input_shape, "input_shape")
+    if one is not None:
+        return [((None,) + one, "float32")], None
+    return [
+        ((None,) + _one_shape(v, "input_shape[i]"), "float32")
+        for v in input_shape
+    ], None
+
+
+def _given_shapes(input_shape, shapes, names, model_name):
+    """The model's `(shape, dtype)` per input with `input_shape` put in:
+    one shape (a one-input model), a list (one per input, in order) or a
+    dict by input name (or dict key). Known dimensions must agree."""
+    n = len(shapes)
+    if isinstance(input_shape, dict):
+        unknown = [k for k in input_shape if k not in names]
+        if unknown:
+            raise ValueError(
+                f"`input_shape` names inputs {unknown} that model "
+                f"{model_name!r} does not have. Its inputs: {names}."
+            )
+        given = [input_shape.get(k) for k in names]
+    else:
+        one = _one_shape(input_shape, "input_shape")
+        given = [one] if one is not None else list(input_shape)
+        if len(given) != n:
+            raise ValueError(
+                f"Model {model_name!r} has {n} inputs ({names}); "
+                f"`input_shape` gives {len(given)}. Fix: pass a list of {n} "
+                "shapes, a dict by input name, or `sequence_length=` to fill "
+                "every unknown dimension."
+            )
+    out = []
+    for (shape, dtype), new, name in zip(shapes, given, names):
+        if new is None:
+            out.append((shape, dtype))
+            continue
+        new = _one_shape(new, f"input_shape for {name!r}") or ()
+        old = tuple(shape[1:])
+        if len(new) != len(old) or any(
+            a is not None and b is not None and a != b for a, b in zip(old, new)
+        ):
+            raise ValueError(
+                f"`input_shape` {new} does not match input {name!r} of "
+                f"model {model_name!r}, of shape {old} (None: any size). "
+                "Pass one sample's shape, without the batch dimension."
+            )
+        out.append(((shape[0],) + new, dtype))
+    return out
+
+
 def _output_shapes(model, in_specs):
     try:
         outputs = model.outputs
     except (AttributeError, ValueError):
         outputs = None
-    if outputs:
+    if outputs and all(
+        d is not None for o in outputs for d in tuple(o.shape)[1:]
+    ):
         return [tuple(o.shape[1:]) for o in outputs]
-    # Subclassed model: trace the forward pass once to learn its outputs.
+    # Subclassed model, or outputs as long as a variable-length input:
+    # trace the forward pass once to learn their shapes at these inputs.
     forward = tf.function(
         lambda x: model(_as_call_arg(x), training=False)
     ).get_concrete_function(in_specs)
@@ -211,6 +322,8 @@ def trace_step(
     model,
     batch_size: int,
     activation_itemsize: int | None = None,
+    input_shape=None,
+    sequence_length=None,
 ) -> StepGraph:
     """Traces one training step of `model` at `batch_size` and measures it.
 
@@ -221,8 +334,11 @@ def trace_step(
         activation_itemsize: optional Int: bytes per element of the
             model's floating activations (and their gradients) under another
             dtype policy; weight gradients and the loss keep their dtype.
+        input_shape, sequence_length: as for `estimate_memory`.
     """
-    concrete, n_fwd = _traced_step(model, batch_size)
+    concrete, n_fwd = _traced_step(
+        model, batch_size, input_shape, sequence_length
+    )
     ops = concrete.graph.get_operations()
     fwd_names = {op.name for op in ops[:n_fwd]}
     names = _all_layer_names(model)
@@ -293,9 +409,11 @@ def trace_step(
     )
 
 
-def _traced_step(model, batch_size: int):
+def _traced_step(
+    model, batch_size: int, input_shape=None, sequence_length=None
+):
     """`(concrete function, forward op count)` of one gradient step."""
-    in_specs = input_specs(model, batch_size)
+    in_specs = input_specs(model, batch_size, input_shape, sequence_length)
     loss_fn, y_specs = _loss_and_target_specs(model, batch_size, in_specs)
     mark = {}
 

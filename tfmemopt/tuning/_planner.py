@@ -170,6 +170,8 @@ def plan(
     verify: bool = False,
     data=None,
     margin: float = 0.15,
+    input_shape=None,
+    sequence_length: int | None = None,
 ) -> Plan:
     """Chooses the fastest settings that train a batch within a budget.
 
@@ -202,6 +204,10 @@ def plan(
             transformer measured 0.77x-1.12x their estimates on CPU
             (BENCHMARKS.md, batch_size); the estimator_accuracy table has
             larger errors for some models: there use `verify=True`.
+        input_shape: `None`, one sample's shape, a list or a dict of them,
+            as for `estimate_memory`: for inputs of unknown size.
+        sequence_length: `None` or Int, as for `estimate_memory`: the size
+            of every unknown input dimension (keras-hub text models).
 
     Returns:
         A `Plan` (`.apply(model)`, `.model_kwargs`, `str(plan)`).
@@ -246,6 +252,8 @@ def plan(
             accumulation_steps=steps,
             checkpointing=ckpt,
             replicas=replicas,
+            input_shape=input_shape,
+            sequence_length=sequence_length,
         )
         micro = global_batch_size // replicas // steps
         considered.append(
