@@ -66,7 +66,12 @@ def reads_batch(indices, batch_tensors) -> bool | None:
         if ref in seen:
             continue
         seen.add(ref)
-        op = t.op
+        if not hasattr(t, "graph") or t.graph is None:
+            continue  # an eager constant captured by the function
+        try:
+            op = t.op
+        except AttributeError:
+            continue  # an eager constant captured by the function
         if op.type in _SHAPE_OPS:
             continue
         if op.type == "Placeholder":

@@ -247,7 +247,13 @@ class TrialRunner:
 
         def steps():
             for _ in range(self.steps):
-                model.train_on_batch(x, y, sample_weight=sw)
+                if y is None and sw is None:
+                    # x alone reaches `train_step` as `fit` gives it (a
+                    # model with its own train_step, keras-io's VAE, reads
+                    # `data` as x; `train_on_batch` gives `(x, None, None)`).
+                    model.fit(x, batch_size=batch_size, epochs=1, verbose=0)
+                else:
+                    model.train_on_batch(x, y, sample_weight=sw)
 
         try:
             if self.stats:
