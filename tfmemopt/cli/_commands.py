@@ -30,19 +30,148 @@ def bad_input(command: str, error: BaseException) -> int:
     return 2
 
 
-def load_saved_model(path: str, command: str, compile_as: dict | None = None):
-    """The model saved at `path`, or None after saying there is no file.
+_FORMATS = (".keras", ".h5", ".hdf5")
 
-    A model whose saved optimizer or loss cannot be rebuilt loads without
-    them, compiled with `compile_as` (keyword arguments) when given.
-    Imports tfmemopt first, which registers its serializable classes.
-    """
-    if not os.path.isfile(path):
-        print(
-            f"tfmemopt {command}: no such file: {path!r}. Pass the path of a "
-            "model saved with `model.save('model.keras')`.",
-            file=sys.stderr,
+
+def model_arguments(parser, input_sizes: bool = True) -> None:
+    """The saved model, `--import` and, with `input_sizes`, `--seq-len` and
+    `--input-shape`: the arguments of every command that loads a model."""
+    parser.add_argument(
+        "model",
+        help="path of a saved model: .keras (model.save('m.keras')) or "
+        ".h5/.hdf5 (legacy Keras); a SavedModel directory cannot be loaded "
+        "as a Keras model",
+    )
+    parser.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import MODULE before loading (repeatable): the module that "
+        "defines your own layers, losses or models; its classes and "
+        "functions are also passed to Keras as custom objects",
+    )
+    if not input_sizes:
+        return
+    parser.add_argument(
+        "--seq-len",
+        type=int,
+        default=None,
+        metavar="N",
+        help="size of every unknown input dimension besides the batch "
+        "(variable-length inputs, e.g. keras-hub text models)",
+    )
+    parser.add_argument(
+        "--input-shape",
+        action="append",
+        default=[],
+        metavar="SHAPE",
+        help="one sample's shape without the batch, e.g. 128 or 224,224,3; "
+        "repeat it once per input, or give NAME=SHAPE per input name",
+    )
+
+
+def input_sizes(args) -> dict:
+    """`estimate_memory`'s `input_shape`/`sequence_length` from `args`
+    (ValueError for a malformed `--input-shape`)."""
+    shapes, named = [], {}
+    for text in getattr(args, "input_shape", None) or []:
+        name, _, dims = text.rpartition("=")
+        try:
+            shape = tuple(int(d) for d in dims.split(",") if d.strip())
+        except ValueError:
+            raise ValueError(
+                f"--input-shape must be dimensions separated by commas, "
+                f"e.g. 128 or 224,224,3 (or NAME=128). Received: {text!r}."
+            ) from None
+        if name:
+            named[name] = shape
+        else:
+            shapes.append(shape)
+    if named and shapes:
+        raise ValueError(
+            "--input-shape: give every input by name (NAME=SHAPE) or none "
+            f"by name. Received: {args.input_shape}."
         )
+    input_shape = named or (shapes[0] if len(shapes) == 1 else (shapes or None))
+    return {
+        "input_shape": input_shape,
+        "sequence_length": getattr(args, "seq_len", None),
+    }
+
+
+def _import_modules(modules, command):
+    """The custom objects of the modules named by `--import`, or None
+    after saying which one could not be imported."""
+    import importlib
+
+    if modules and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as `python -m` finds the cwd's
+    custom = {}
+    for name in modules:
+        try:
+            module = importlib.import_module(name)
+        except Exception as e:  # noqa: BLE001 - any import error is reported
+            print(
+                f"tfmemopt {command}: --import {name}: cannot import it "
+                f"({type(e).__name__}: {e}). Pass a module importable from "
+                "the current directory or PYTHONPATH, e.g. --import "
+                "my_layers for my_layers.py.",
+                file=sys.stderr,
+            )
+            return None
+        for key, value in vars(module).items():
+            if not key.startswith("_") and callable(value):
+                custom[key] = value
+    return custom
+
+
+def _unsupported(path: str, command: str) -> str | None:
+    """Why `path` cannot be loaded, or None."""
+    if os.path.isdir(path):
+        kind = (
+            "a TensorFlow SavedModel directory"
+            if os.path.isfile(os.path.join(path, "saved_model.pb"))
+            else "a directory"
+        )
+        return (
+            f"{path!r} is {kind}. Keras 3 loads only .keras files and "
+            "legacy .h5 files as models (a SavedModel can only be wrapped "
+            "for inference, `keras.layers.TFSMLayer`, which cannot be "
+            "trained or estimated). Save the model from the code that "
+            "builds it with `model.save('model.keras')`."
+        )
+    if not os.path.isfile(path):
+        return (
+            f"no such file: {path!r}. Pass the path of a model saved with "
+            "`model.save('model.keras')`."
+        )
+    if not path.lower().endswith(_FORMATS):
+        return (
+            f"{path!r} is not a saved Keras model: supported are "
+            f"{', '.join(_FORMATS)} files (`model.save('model.keras')`)."
+        )
+    return None
+
+
+def load_saved_model(
+    path: str,
+    command: str,
+    compile_as: dict | None = None,
+    imports=(),
+):
+    """The model saved at `path`, or None after saying why not.
+
+    `imports` are modules to import first (the user's own layers); their
+    public classes and functions are passed as custom objects. A model
+    whose saved optimizer or loss cannot be rebuilt loads without them,
+    compiled with `compile_as` (keyword arguments) when given. Imports
+    tfmemopt first, which registers its serializable classes.
+    """
+    why = _unsupported(path, command)
+    if why is not None:
+        print(f"tfmemopt {command}: {why}", file=sys.stderr)
         return None
     # Only effective when TensorFlow is not imported yet.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -50,10 +179,32 @@ def load_saved_model(path: str, command: str, compile_as: dict | None = None):
 
     import tfmemopt  # noqa: F401 - registers tfmemopt's serializable objects
 
+    custom = _import_modules(imports, command)
+    if custom is None:
+        return None
     try:
-        return keras.saving.load_model(path)
+        return keras.saving.load_model(path, custom_objects=custom)
     except Exception:  # a saved optimizer or loss that cannot be rebuilt
-        model = keras.saving.load_model(path, compile=False)
-        if compile_as is not None:
-            model.compile(**compile_as)
-        return model
+        pass
+    try:
+        model = keras.saving.load_model(
+            path, custom_objects=custom, compile=False
+        )
+    except Exception as e:  # noqa: BLE001 - said in one line, not a trace
+        text = " ".join(str(e).split())
+        hint = (
+            " It uses a class or function that is not registered here: "
+            "pass --import MODULE, the module that defines it (and "
+            "decorate it with @keras.saving.register_keras_serializable())."
+            if "Could not locate" in text or "custom" in text.lower()
+            else ""
+        )
+        print(
+            f"tfmemopt {command}: cannot load {path!r}: "
+            f"{type(e).__name__}: {text[:300]}{hint}",
+            file=sys.stderr,
+        )
+        return None
+    if compile_as is not None:
+        model.compile(**compile_as)
+    return model

@@ -23,11 +23,12 @@ import json
 import os
 import sys
 
-from tfmemopt._utils import format_bytes
 from tfmemopt.cli import _plan  # noqa: F401 - registers its subcommands
 from tfmemopt.cli._commands import COMMANDS
 from tfmemopt.cli._commands import bad_input
+from tfmemopt.cli._commands import input_sizes
 from tfmemopt.cli._commands import load_saved_model
+from tfmemopt.cli._commands import model_arguments
 from tfmemopt.cli._commands import subcommand
 
 _INSTALL = {
@@ -56,7 +57,7 @@ def _checkpointing_arg(value: str):
 
 
 def _estimate_arguments(parser):
-    parser.add_argument("model", help="path of a saved model (.keras)")
+    model_arguments(parser)
     parser.add_argument(
         "--batch-size", type=int, required=True, help="global batch size"
     )
@@ -70,14 +71,24 @@ def _estimate_arguments(parser):
         default=None,
         help="dtype policy, e.g. mixed_bfloat16 (default: the model's)",
     )
-    parser.add_argument("--accumulation-steps", type=int, default=1)
+    parser.add_argument(
+        "--accumulation-steps",
+        type=int,
+        default=1,
+        help="micro-batches per step (default: 1)",
+    )
     parser.add_argument(
         "--checkpointing",
         type=_checkpointing_arg,
         default=None,
         help="none, auto, blocks, or layers per segment",
     )
-    parser.add_argument("--replicas", type=int, default=1)
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="data-parallel replicas sharing the batch (default: 1)",
+    )
     parser.add_argument(
         "--json", action="store_true", help="print JSON instead of a table"
     )
@@ -89,7 +100,11 @@ def _estimate_arguments(parser):
     _estimate_arguments,
 )
 def _estimate(args) -> int:
-    model = load_saved_model(args.model, "estimate")
+    try:
+        sizes = input_sizes(args)
+    except ValueError as e:
+        return bad_input("estimate", e)
+    model = load_saved_model(args.model, "estimate", imports=args.imports)
     if model is None:
         return 2
     from tfmemopt.estimate import estimate_memory
@@ -98,6 +113,7 @@ def _estimate(args) -> int:
         estimate = estimate_memory(
             model,
             args.batch_size,
+            **sizes,
             optimizer=args.optimizer,
             policy=args.policy,
             accumulation_steps=args.accumulation_steps,
@@ -180,6 +196,10 @@ def doctor_report() -> dict:
 
 
 def _doctor_text(report: dict) -> str:
+    # Here, not at the top: tfmemopt._utils imports Keras, and the parser
+    # (this module) must load without TensorFlow for a quick --help.
+    from tfmemopt._utils import format_bytes
+
     lines = [
         f"TensorFlow {report['tensorflow']}, Keras {report['keras']}, "
         f"Python {report['python']}",

@@ -5,41 +5,65 @@ from __future__ import annotations
 import json
 
 from tfmemopt.cli._commands import bad_input
+from tfmemopt.cli._commands import input_sizes
 from tfmemopt.cli._commands import load_saved_model
+from tfmemopt.cli._commands import model_arguments
 from tfmemopt.cli._commands import subcommand
 
+_ALLOW = ("accumulation", "checkpointing", "mixed_precision")
 
-def _load(path: str, command: str):
+
+def _load(args, command: str):
     return load_saved_model(
-        path, command, compile_as=dict(optimizer="adam", loss="mse")
+        args.model,
+        command,
+        compile_as=dict(optimizer="adam", loss="mse"),
+        imports=args.imports,
     )
 
 
-def _synthetic_data(model, n: int = 64):
-    """Random inputs and zero targets shaped like the model's."""
+def _synthetic_data(model, n: int = 64, input_shape=None, sequence_length=None):
+    """Random inputs and zero targets shaped like the model's.
+
+    Inputs come from the estimator's specs (a dict for dict inputs, the
+    unknown dimensions sized by `input_shape`/`sequence_length`: a
+    variable-length input has no size of its own); targets from one
+    forward pass of one sample. Integer inputs are zeros (token ids),
+    except masks (ones: a mask of zeros masks every position).
+    """
     import numpy as np
+    import tensorflow as tf
+
+    from tfmemopt.estimate._step_graph import input_specs
 
     rng = np.random.default_rng(0)
+    specs = input_specs(model, n, input_shape, sequence_length)
+    names = list(specs) if isinstance(specs, dict) else [None] * len(specs)
 
-    def sample(shape, dtype="float32"):
-        shape = (n,) + tuple(d or 1 for d in shape[1:])
-        if "int" in str(dtype):
-            return np.zeros(shape, dtype)
-        return rng.normal(size=shape).astype("float32")
+    def sample(spec, name):
+        if spec.dtype.is_integer or spec.dtype.is_bool:
+            fill = np.ones if name and "mask" in name else np.zeros
+            return fill(spec.shape, spec.dtype.as_numpy_dtype)
+        return rng.normal(size=spec.shape).astype("float32")
 
-    xs = [sample(t.shape, t.dtype) for t in model.inputs]
-    outputs = model.outputs
+    if isinstance(specs, dict):
+        x = {k: sample(v, k) for k, v in specs.items()}
+    else:
+        xs = [sample(v, k) for v, k in zip(specs, names)]
+        x = xs[0] if len(xs) == 1 else xs
+    one = tf.nest.map_structure(lambda a: a[:1], x)
+    outputs = tf.nest.flatten(model(one, training=False))
     loss = str(getattr(model, "loss", "")).lower()
     if "sparse" in loss:
         ys = [np.zeros((n,) + tuple(o.shape[1:-1]), "int32") for o in outputs]
     else:
         ys = [np.zeros((n,) + tuple(o.shape[1:]), "float32") for o in outputs]
-    return (xs[0] if len(xs) == 1 else xs, ys[0] if len(ys) == 1 else ys)
+    return (x, ys[0] if len(ys) == 1 else ys)
 
 
-def _data(path, model):
+def _data(path, model, sizes):
     if path is None:
-        return _synthetic_data(model)
+        return _synthetic_data(model, **sizes)
     import numpy as np
 
     with np.load(path) as f:
@@ -47,24 +71,59 @@ def _data(path, model):
 
 
 def _find_arguments(parser):
-    parser.add_argument("model", help="path of a saved model (.keras)")
+    model_arguments(parser)
     parser.add_argument(
-        "--memory", default=None, help="memory budget, e.g. 16GiB (optional)"
+        "--memory",
+        default=None,
+        help="memory budget per device, e.g. 16GiB (optional; without it "
+        "only out-of-memory errors end the search)",
     )
     parser.add_argument(
-        "--mode", default="binsearch", choices=("binsearch", "power")
-    )
-    parser.add_argument("--max-batch-size", type=int, default=4096)
-    parser.add_argument("--multiple-of", type=int, default=8)
-    parser.add_argument("--margin", type=float, default=0.05)
-    parser.add_argument("--steps", type=int, default=2, help="per trial")
-    parser.add_argument(
-        "--target", type=int, default=None, help="global batch to split"
+        "--mode",
+        default="binsearch",
+        choices=("binsearch", "power"),
+        help="after doubling: bisect, or climb by halving powers of two "
+        "(default: binsearch)",
     )
     parser.add_argument(
-        "--data", default=None, help=".npz with arrays x and y (else random)"
+        "--max-batch-size",
+        type=int,
+        default=4096,
+        help="largest batch tried (default: 4096)",
     )
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--multiple-of",
+        type=int,
+        default=8,
+        help="every tried batch is a multiple of it (default: 8)",
+    )
+    parser.add_argument(
+        "--margin",
+        type=float,
+        default=0.05,
+        help="fraction taken off the largest batch that fits (default: 0.05)",
+    )
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=2,
+        help="training steps per trial (default: 2)",
+    )
+    parser.add_argument(
+        "--target",
+        type=int,
+        default=None,
+        help="a global batch to split into micro-batches that fit",
+    )
+    parser.add_argument(
+        "--data",
+        default=None,
+        help=".npz with arrays x and y (default: random inputs of the "
+        "model's shapes)",
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print JSON instead of text"
+    )
 
 
 @subcommand(
@@ -73,7 +132,11 @@ def _find_arguments(parser):
     _find_arguments,
 )
 def _find(args) -> int:
-    model = _load(args.model, "find-batch-size")
+    try:
+        sizes = input_sizes(args)
+    except ValueError as e:
+        return bad_input("find-batch-size", e)
+    model = _load(args, "find-batch-size")
     if model is None:
         return 2
     from tfmemopt.tuning._batch_size import find_batch_size
@@ -81,7 +144,7 @@ def _find(args) -> int:
     try:
         found = find_batch_size(
             model,
-            _data(args.data, model),
+            _data(args.data, model, sizes),
             mode=args.mode,
             memory_budget=args.memory,
             max_batch_size=args.max_batch_size,
@@ -117,11 +180,28 @@ def _find(args) -> int:
 
 
 def _plan_arguments(parser):
-    parser.add_argument("model", help="path of a saved model (.keras)")
-    parser.add_argument("--batch-size", type=int, required=True)
-    parser.add_argument("--memory", required=True, help="e.g. 16GiB")
-    parser.add_argument("--replicas", type=int, default=1)
-    parser.add_argument("--multiple-of", type=int, default=8)
+    model_arguments(parser)
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        required=True,
+        help="global batch per optimizer update, all replicas",
+    )
+    parser.add_argument(
+        "--memory", required=True, help="memory budget per device, e.g. 16GiB"
+    )
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="data-parallel replicas (default: 1)",
+    )
+    parser.add_argument(
+        "--multiple-of",
+        type=int,
+        default=8,
+        help="preferred micro-batch alignment (default: 8)",
+    )
     parser.add_argument(
         "--margin",
         type=float,
@@ -130,10 +210,13 @@ def _plan_arguments(parser):
     )
     parser.add_argument(
         "--allow",
-        default="accumulation,checkpointing,mixed_precision",
-        help="comma-separated techniques the plan may use",
+        default=",".join(_ALLOW),
+        help="comma-separated techniques the plan may use, from: "
+        f"{', '.join(_ALLOW)} (default: all)",
     )
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--json", action="store_true", help="print JSON instead of text"
+    )
 
 
 @subcommand(
@@ -142,17 +225,28 @@ def _plan_arguments(parser):
     _plan_arguments,
 )
 def _plan(args) -> int:
-    model = _load(args.model, "plan")
+    allow = tuple(a.strip() for a in args.allow.split(",") if a.strip())
+    unknown = [a for a in allow if a not in _ALLOW]
+    try:
+        sizes = input_sizes(args)
+        if unknown:
+            raise ValueError(
+                f"--allow takes names from {', '.join(_ALLOW)}. Received: "
+                f"{args.allow!r} (unknown: {', '.join(unknown)})."
+            )
+    except ValueError as e:
+        return bad_input("plan", e)
+    model = _load(args, "plan")
     if model is None:
         return 2
     from tfmemopt.tuning._planner import plan
 
-    allow = tuple(a.strip() for a in args.allow.split(",") if a.strip())
     try:
         result = plan(
             model,
             args.batch_size,
             args.memory,
+            **sizes,
             allow=allow,
             replicas=args.replicas,
             multiple_of=args.multiple_of,
