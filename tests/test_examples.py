@@ -67,3 +67,16 @@ def test_tpu_example_is_valid_and_does_nothing_on_import():
     source = open(path).read()
     assert 'if __name__ == "__main__":' in source
     assert "auto_strategy" in source and "bfloat16" in source
+
+
+@pytest.mark.slow
+def test_sharded_adamw_example_quarters_the_state():
+    stdout = run_example("sharded_adamw.py", TF_ENABLE_ONEDNN_OPTS="1")
+    ratio = float(re.search(r"^ratio: ([\d.]+)$", stdout, re.M).group(1))
+    diff = float(
+        re.search(r"^largest weight difference: (\S+)$", stdout, re.M).group(1)
+    )
+    assert ratio <= 0.25 * 1.02, stdout
+    assert diff <= 1e-5, stdout
+    assert "reloaded on one device: loss" in stdout, stdout
+    assert re.search(r"iterations 64$", stdout, re.M), stdout

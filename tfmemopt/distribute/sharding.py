@@ -458,13 +458,16 @@ def _reduce_scatter(ctx, flats, layouts, r):
     return mine
 
 
-def _sum_squares(ctx, opt, parts, summed):
-    """Per-gradient sums of squares and the non-finite count, all replicas."""
-    if summed is not None:
-        source = summed
-    else:
-        source = parts
-    sq = [tf.reduce_sum(tf.square(tf.cast(s, tf.float32))) for s in source]
+def _sum_squares(ctx, norms, parts, summed):
+    """Per-gradient sums of squares (if `norms`) and the non-finite count.
+
+    From the whole sums at stage 1 (every replica has them: no collective),
+    from the parts and one small all-reduce at stage 2.
+    """
+    source = parts if summed is None else summed
+    sq = []
+    if norms:
+        sq = [tf.reduce_sum(tf.square(tf.cast(s, tf.float32))) for s in source]
     bad = tf.add_n(
         [
             tf.reduce_sum(
@@ -523,7 +526,8 @@ def _sharded_apply(opt, grads, variables):
         flats = [f / inner.loss_scale_factor for f in flats]
     layouts = [plan.refs[i].layout for _, i in pairs]
     parts, summed = _reduce(opt, ctx, r, flats, layouts)
-    sq, bad = _sum_squares(ctx, opt, parts, summed)
+    norms = bool(inner.clipnorm or inner.global_clipnorm)
+    sq, bad = _sum_squares(ctx, norms, parts, summed)
     parts = _clip(inner, parts, sq)
     finite = tf.equal(bad, 0.0)
 
