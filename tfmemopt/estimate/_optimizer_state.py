@@ -139,7 +139,12 @@ def optimizer_state_bytes(optimizer, variables) -> tuple[int, str]:
     if config.get("gradient_accumulation_steps"):
         copies += 1
     extra += copies * weight_bytes
-    if name in _SLOTS:
+    if hasattr(optimizer, "variable_state_bytes"):
+        # tfmemopt.optimizers (8-bit, factored): their own exact count.
+        body = sum(optimizer.variable_state_bytes(s, d) for s, d in variables)
+        count = max(1, sum(math.prod(s) for s, _ in variables))
+        how = f"{name}: {body / count:.2f} bytes per parameter"
+    elif name in _SLOTS:
         slots = _SLOTS[name](config)
         how = f"{name}: {slots} slot(s) per weight"
         body = slots * weight_bytes

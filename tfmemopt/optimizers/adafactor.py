@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import keras
@@ -179,6 +180,19 @@ class Adafactor(keras.optimizers.Optimizer):
                     )
             self._state.second.append(second)
             self._state.first.append(first)
+
+    def variable_state_bytes(self, shape, dtype="float32") -> int:
+        """Bytes of state for a variable of `shape` (EMA copies aside): row
+        and column means for rank >= 2, else a full second moment; plus a
+        float32 first moment with `beta_1`. Used by `estimate_memory`."""
+        shape = tuple(int(d) for d in shape)
+        size = math.prod(shape)
+        if len(shape) >= 2:
+            second = math.prod(shape[:-1]) + math.prod(shape[:-2]) * shape[-1]
+        else:
+            second = size
+        first = size if self.beta_1 is not None else 0
+        return 4 * (second + first)
 
     @staticmethod
     def _rms(x):

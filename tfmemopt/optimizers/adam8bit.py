@@ -189,6 +189,16 @@ class Adam8bit(keras.optimizers.Optimizer):
             self._state.is_8bit.append(eight)
             self._state.slots.append(slots)
 
+    def variable_state_bytes(self, shape, dtype="float32") -> int:
+        """Bytes of moments this optimizer keeps for a variable of `shape`
+        (EMA copies aside): codes and scales, or float32 moments below
+        `min_8bit_size`. Used by `tfmemopt.estimate_memory`."""
+        size = int(np.prod(tuple(shape), dtype=np.int64))
+        slots = len(self._slot_names)
+        if size >= max(self.min_8bit_size, 1):
+            return slots * (size + 4 * q.num_blocks(size, self.block_size))
+        return slots * 4 * size
+
     def _state_variables(self) -> list:
         out = []
         for slots in self._state.slots:

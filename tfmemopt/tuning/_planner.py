@@ -266,6 +266,9 @@ def plan(
                 "state": int(
                     est.parameters + est.gradients + est.optimizer_state
                 ),
+                "optimizer_state": int(est.optimizer_state),
+                # trainable parameters, counting float32 gradients
+                "parameter_count": int(est.gradients) // 4,
                 "time": step_time(micro, steps, ckpt, policy, fast),
             }
         )
@@ -436,6 +439,22 @@ def _bytes(n) -> str:
     return f"{format_bytes(n)} ({int(n):,} bytes)"
 
 
+def _small_state_hint(candidate) -> str:
+    """Names tfmemopt's small-state optimizers with their estimated state
+    (8-bit moments: 2 + 8/256 bytes per parameter; factored: ~0)."""
+    count = candidate.get("parameter_count", 0)
+    now = candidate.get("optimizer_state", 0)
+    eight = int(count * (2 + 8 / 256))
+    if not count or now <= eight:
+        return " (SGD keeps none)."
+    return (
+        f": the optimizer keeps {format_bytes(now)}; "
+        f"tfmemopt.optimizers.AdamW8bit keeps about {format_bytes(eight)} "
+        "(8-bit moments), tfmemopt.optimizers.Adafactor a row and a column "
+        "per matrix (factored), SGD none."
+    )
+
+
 def _raise_no_fit(considered, budget, global_batch_size, scale, margin):
     state = min(c["state"] for c in considered)
     least = min(considered, key=lambda c: c["peak"])
@@ -450,7 +469,8 @@ def _raise_no_fit(considered, budget, global_batch_size, scale, margin):
             f"Raise memory_budget to at least {format_bytes(needed)} (the "
             f"smallest plan, {_bytes(least['peak'])} estimated, plus "
             f"margin={margin}), use more replicas with sharded state, a "
-            "smaller model, or an optimizer with less state (SGD keeps none)."
+            "smaller model, or an optimizer with less state"
+            + _small_state_hint(least)
         )
     measured = (
         f" (x {scale:.2f}, the ratio measured/estimated by verify)"
