@@ -144,3 +144,27 @@ def test_inner_already_built():
     inner.build([v])
     with pytest.raises(ValueError, match="already built"):
         ShardedOptimizer(inner).build([v])
+
+
+def test_estimate_memory_counts_one_replicas_share_of_the_state():
+    model = _model()
+    plain = tfmemopt.estimate_memory(
+        model, batch_size=32, optimizer=keras.optimizers.Adam(), replicas=4
+    )
+    sharded = tfmemopt.estimate_memory(
+        model,
+        batch_size=32,
+        optimizer=ShardedOptimizer(keras.optimizers.Adam()),
+        replicas=4,
+    )
+    # 7*9 + 9 + 9*3 + 3 = 102 weights; each replica keeps ceil(n/4) of
+    # every variable's two slots: (16 + 3 + 7 + 1) * 2 * 4 bytes.
+    assert plain.optimizer_state == 102 * 2 * 4
+    assert sharded.optimizer_state == (16 + 3 + 7 + 1) * 2 * 4
+    assert any("1/4 of it per replica" in n for n in sharded.notes)
+    one = tfmemopt.estimate_memory(
+        model,
+        batch_size=32,
+        optimizer=ShardedOptimizer(keras.optimizers.Adam()),
+    )
+    assert one.optimizer_state >= plain.optimizer_state

@@ -18,6 +18,7 @@ import keras
 from tfmemopt._utils import check_int
 from tfmemopt._utils import format_bytes
 from tfmemopt.accumulation import Model
+from tfmemopt.distribute import ShardedOptimizer
 from tfmemopt.estimate._activation_rules import checkpointed_activations
 from tfmemopt.estimate._activation_rules import unknown_layers
 from tfmemopt.estimate._optimizer_state import _itemsize
@@ -306,6 +307,7 @@ class _Settings:
     micro: int  # samples per micro-batch
     compute: int  # bytes per activation under the policy
     variable: int  # bytes per float weight under the policy
+    replicas: int = 1
 
 
 def _settings(
@@ -350,6 +352,7 @@ def _settings(
         micro=math.ceil(per_replica / accumulation_steps),
         compute=_itemsize(dtype_policy.compute_dtype),
         variable=_itemsize(dtype_policy.variable_dtype),
+        replicas=replicas,
     )
 
 
@@ -397,6 +400,15 @@ def _optimizer_bytes(trainable, s: _Settings):
         )
         for v in trainable
     ]
+    if isinstance(s.optimizer, ShardedOptimizer) and s.replicas > 1:
+        # Each replica keeps ceil(n / R) elements of every slot.
+        parts = [
+            ((-(-math.prod(shape) // s.replicas),), d) for shape, d in shapes
+        ]
+        nbytes, how = optimizer_state_bytes(s.optimizer.inner_optimizer, parts)
+        return nbytes, (
+            f"ShardedOptimizer({how}), 1/{s.replicas} of it per replica"
+        )
     return optimizer_state_bytes(s.optimizer, shapes)
 
 
