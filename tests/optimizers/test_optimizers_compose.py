@@ -129,3 +129,18 @@ def test_mixed_bfloat16_trains_with_the_same_state(name):
     assert losses["mixed_bfloat16"][-1] == pytest.approx(
         losses["float32"][-1], rel=0.05
     )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_jit_compile_gives_the_same_weights(name):
+    x, y = data(64)
+    runs = []
+    for jit in (False, True):
+        inp, out = layers()
+        model = keras.Model(inp, out)
+        model.compile(OPTIMIZERS[name](), "mse", jit_compile=jit)
+        model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+        runs.append([w.numpy() for w in model.weights])
+    for a, b in zip(*runs):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
