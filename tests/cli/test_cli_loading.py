@@ -190,3 +190,20 @@ def test_saved_gpt2_causal_lm_finds_a_batch_size(tmp_path, capsys):
     assert cli.main(est) == 0
     assert json.loads(capsys.readouterr().out)["activations"] > 0
     assert np.isfinite(out["batch_size"])
+
+
+def test_saved_trained_wrapped_model_is_estimated_and_planned(tmp_path, capsys):
+    import tfmemopt
+
+    inner = keras.Sequential([keras.Input((16,)), keras.layers.Dense(4)])
+    wrapped = tfmemopt.Model.wrap(inner, 2)
+    wrapped.compile("adam", "mse")
+    wrapped.fit(np.zeros((8, 16)), np.zeros((8, 4)), verbose=0)
+    path = str(tmp_path / "wrapped.keras")
+    wrapped.save(path)
+    # It said "not built" and suggested building it.
+    assert cli.main(["estimate", path, "--batch-size", "8", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["parameters"] == 68 * 4
+    plan = ["plan", path, "--batch-size", "8", "--memory", "1GiB"]
+    assert cli.main(plan) == 0
+    assert "global batch 8" in capsys.readouterr().out
