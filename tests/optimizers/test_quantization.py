@@ -103,3 +103,25 @@ def test_codes_cover_full_range_without_wrapping():
     codes, _, _ = roundtrip(x, 4001, True)
     assert codes.min() == 0 and codes.max() == 255
     assert np.all(np.diff(codes.astype(int)) >= 0)  # monotone, no wrap
+
+
+def test_bucket_lookup_equals_a_binary_search_over_the_midpoints():
+    rng = np.random.default_rng(3)
+    x = np.concatenate(
+        [
+            rng.uniform(-1, 1, 20000),
+            np.sign(rng.standard_normal(20000))
+            * 10.0 ** rng.uniform(-9, 0, 20000),
+            [0.0, -0.0, 1.0, -1.0, 1e-45, -1e-45, 3e-38],
+        ]
+    ).astype("float32")
+    for signed in (True, False):
+        mids = q._midpoints(signed)
+        # every midpoint and its float32 neighbours
+        edges = np.concatenate(
+            [mids, np.nextafter(mids, 2), np.nextafter(mids, -2)]
+        ).astype("float32")
+        values = np.concatenate([x if signed else np.abs(x), edges])
+        got = q._nearest_codes(tf.constant(values), signed).numpy()
+        want = np.searchsorted(mids, values, side="left")
+        np.testing.assert_array_equal(got, want)

