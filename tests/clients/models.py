@@ -410,7 +410,7 @@ CLIENTS = {
                lambda: sce()),
         Client("kio_vit", vit, image_data, lambda: sce(True)),
         Client("kio_bilstm_masked", bilstm, padded_text,
-               lambda: keras.losses.BinaryCrossentropy()),
+               lambda: keras.losses.BinaryCrossentropy(), peak_batch=2048),
         Client("kio_captcha_ctc", captcha_ocr, captcha_data, None,
                peak_batch=128),
         Client("hub_gpt2_causal_lm", gpt2_causal_lm, lm_data,

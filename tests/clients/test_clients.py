@@ -53,14 +53,12 @@ emit(checks.step_peak({name!r}, {mode!r}))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "name, bound",
-    [("hub_gpt2_causal_lm", 0.8), ("hub_vit_classifier", 0.8)],
-)
+@pytest.mark.parametrize("name, bound", [("hub_gpt2_causal_lm", 0.8)])
 def test_checkpointing_lowers_the_step_peak(name, bound, subprocess_runner):
-    """keras-hub tasks: 'auto' goes into the backbone (it took the whole
-    backbone as one segment: 0.87x-1.02x of plain). One fresh process per
-    measurement."""
+    """keras-hub task: 'auto' goes into the backbone (it took the whole
+    backbone as one segment: 0.96x of plain here, measured 0.50x now; the
+    other clients' ratios are in benchmarks/clients.py). One fresh process
+    per measurement."""
     peaks = {
         mode: subprocess_runner(PEAK_CODE.format(name=name, mode=mode), 1)
         for mode in ("plain", "ckpt")

@@ -1,0 +1,125 @@
+"""Real client models (tests/clients): the table of issue #16.
+
+For each client of `tests/clients/models.py` (keras-io examples adapted at
+a tiny size, keras-hub task models from tiny configs, MobileNetV2), in
+fresh processes:
+
+- accumulation: `Model.wrap(model, 4)` against plain Keras at the same
+  batch, 2 steps of Adam (epsilon 1e-3), max |w - w_plain| over the
+  largest weight change of plain Keras;
+- checkpointing: `enable_checkpointing(model, "auto")`, largest gradient
+  difference over the largest gradient, and the training step's peak
+  (CPU:0 allocator, above the baseline, median of 3 steps) against plain
+  Keras, one fresh process per measurement;
+- MemoryMonitor: its `memory/...` keys are in the fit logs;
+- save/load: `.keras` round trip of the trained wrapper, largest
+  prediction difference.
+
+Run: python benchmarks/clients.py [client ...] [--write]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+CHECKS = """
+import json
+from tests.clients import checks
+acc = checks.accumulation({name!r})
+ck = checks.checkpointing({name!r})
+print("@@" + json.dumps({{
+    "acc": acc["rel_diff"], "monitor": bool(acc["monitor_keys"]),
+    "save": acc["save_diff"], "grad": ck["grad_rel_diff"],
+    "segments": len(ck["report"].segments), "inside": ck["report"].inside,
+}}))
+"""
+
+PEAK = """
+from tests.clients import checks
+print("@@" + str(checks.step_peak({name!r}, {mode!r})))
+"""
+
+
+def _run(code: str):
+    env = dict(os.environ)
+    env.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=900,
+    )
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("@@")]
+    if not lines:
+        raise RuntimeError(proc.stderr[-3000:])
+    return json.loads(lines[-1][2:])
+
+
+def measure(name: str) -> dict:
+    out = _run(CHECKS.format(name=name))
+    for mode in ("plain", "ckpt"):
+        out[mode] = _run(PEAK.format(name=name, mode=mode))
+    out["ratio"] = out["ckpt"] / out["plain"] if out["plain"] else float("nan")
+    return out
+
+
+def main(argv):
+    sys.path.insert(0, ROOT)
+    from tests.clients.models import CLIENTS
+
+    write = "--write" in argv
+    names = [a for a in argv if not a.startswith("--")] or list(CLIENTS)
+    rows = []
+    for name in names:
+        r = measure(name)
+        print(name, json.dumps(r), flush=True)
+        rows.append(
+            [
+                name,
+                f"{r['acc']:.1e}",
+                f"{r['grad']:.1e}",
+                f"{r['ratio']:.2f}x ({r['segments']} seg"
+                + (f" in {r['inside'].split('/')[-1]}" if r["inside"] else "")
+                + ")",
+                "yes" if r["monitor"] else "NO",
+                f"yes ({r['save']:.0e})",
+            ]
+        )
+    from _report import table
+    from _report import write_section
+
+    text = table(
+        [
+            "client",
+            "accumulation max rel diff",
+            "ckpt grad diff",
+            "ckpt step peak / plain",
+            "MemoryMonitor keys",
+            ".keras round trip (pred diff)",
+        ],
+        rows,
+    )
+    print(text)
+    if write:
+        write_section(
+            "clients",
+            "## Real clients (`benchmarks/clients.py`)\n\n"
+            "keras-io examples, keras-hub tasks and MobileNetV2 at tiny "
+            "sizes (tests/clients); N=4, Adam (epsilon 1e-3); peaks at "
+            "batch 256 (128 for captcha OCR and MobileNetV2), one fresh "
+            "process each.\n\n" + text,
+        )
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
