@@ -257,13 +257,21 @@ def captcha_ocr(width=32, height=16, chars=6):
     )
     labels = layers.Input(name="label", shape=(None,), dtype="float32")
     x = layers.Conv2D(
-        8, (3, 3), activation="relu", kernel_initializer="he_normal",
-        padding="same", name="Conv1",
+        8,
+        (3, 3),
+        activation="relu",
+        kernel_initializer="he_normal",
+        padding="same",
+        name="Conv1",
     )(input_img)
     x = layers.MaxPooling2D((2, 2), name="pool1")(x)
     x = layers.Conv2D(
-        8, (3, 3), activation="relu", kernel_initializer="he_normal",
-        padding="same", name="Conv2",
+        8,
+        (3, 3),
+        activation="relu",
+        kernel_initializer="he_normal",
+        padding="same",
+        name="Conv2",
     )(x)
     x = layers.MaxPooling2D((2, 2), name="pool2")(x)
     new_shape = ((width // 4), (height // 4) * 8)
@@ -282,9 +290,7 @@ def captcha_data(n, width=32, height=16, chars=6, length=3, seed=0):
     rng = np.random.default_rng(seed)
     return {
         "image": rng.uniform(size=(n, width, height, 1)).astype("float32"),
-        "label": rng.integers(1, chars + 1, size=(n, length)).astype(
-            "float32"
-        ),
+        "label": rng.integers(1, chars + 1, size=(n, length)).astype("float32"),
     }
 
 
@@ -406,25 +412,45 @@ class Client:
 CLIENTS = {
     c.name: c
     for c in [
-        Client("kio_text_transformer", text_transformer, text_data,
-               lambda: sce()),
+        Client(
+            "kio_text_transformer", text_transformer, text_data, lambda: sce()
+        ),
         Client("kio_vit", vit, image_data, lambda: sce(True)),
-        Client("kio_bilstm_masked", bilstm, padded_text,
-               lambda: keras.losses.BinaryCrossentropy(), peak_batch=2048),
-        Client("kio_captcha_ctc", captcha_ocr, captcha_data, None,
-               peak_batch=128),
-        Client("hub_gpt2_causal_lm", gpt2_causal_lm, lm_data,
-               lambda: sce(True)),
-        Client("hub_bert_classifier", bert_classifier,
-               lambda n, seed=0: (token_inputs(n, seed=seed, segments=True),
-                                  np.arange(n) % 3),
-               lambda: sce(True)),
-        Client("hub_vit_classifier", vit_classifier,
-               lambda n, seed=0: image_data(n, classes=4, seed=seed),
-               lambda: sce(True)),
-        Client("mobilenet_v2", mobilenet_v2,
-               lambda n, seed=0: image_data(n, size=32, seed=seed),
-               lambda: sce(), peak_batch=128),
+        Client(
+            "kio_bilstm_masked",
+            bilstm,
+            padded_text,
+            lambda: keras.losses.BinaryCrossentropy(),
+            peak_batch=2048,
+        ),
+        Client(
+            "kio_captcha_ctc", captcha_ocr, captcha_data, None, peak_batch=128
+        ),
+        Client(
+            "hub_gpt2_causal_lm", gpt2_causal_lm, lm_data, lambda: sce(True)
+        ),
+        Client(
+            "hub_bert_classifier",
+            bert_classifier,
+            lambda n, seed=0: (
+                token_inputs(n, seed=seed, segments=True),
+                np.arange(n) % 3,
+            ),
+            lambda: sce(True),
+        ),
+        Client(
+            "hub_vit_classifier",
+            vit_classifier,
+            lambda n, seed=0: image_data(n, classes=4, seed=seed),
+            lambda: sce(True),
+        ),
+        Client(
+            "mobilenet_v2",
+            mobilenet_v2,
+            lambda n, seed=0: image_data(n, size=32, seed=seed),
+            lambda: sce(),
+            peak_batch=128,
+        ),
     ]
 }
 

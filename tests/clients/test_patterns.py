@@ -296,9 +296,7 @@ class VAE(tfmemopt.Model):
 
 
 def mnist_like(n=32):
-    return np.random.default_rng(0).uniform(size=(n, 8, 8, 1)).astype(
-        "float32"
-    )
+    return np.random.default_rng(0).uniform(size=(n, 8, 8, 1)).astype("float32")
 
 
 def test_own_train_step_with_accumulation_raises():
@@ -325,9 +323,7 @@ def test_own_train_step_accumulates_across_steps_as_told():
     w3 = vae.get_weights()
     assert all(np.array_equal(a, b) for a, b in zip(w0, w3))
     vae.fit(mnist_like(16), epochs=1, batch_size=16, verbose=0)
-    assert any(
-        not np.array_equal(a, b) for a, b in zip(w0, vae.get_weights())
-    )
+    assert any(not np.array_equal(a, b) for a, b in zip(w0, vae.get_weights()))
 
 
 def test_subclass_with_two_positional_arguments_is_not_functional(tmp_path):
@@ -404,7 +400,7 @@ def test_auto_warns_when_its_one_segment_is_the_whole_model():
         tfmemopt.enable_checkpointing(model, "auto")
 
 
-# -- 7. x-only data, dict inputs ------------------------------------------------
+# -- 7. x-only data, dict inputs --------------------------------------------
 
 
 @pytest.mark.parametrize("as_dataset", [False, True])
@@ -415,9 +411,7 @@ def test_find_batch_size_takes_x_only(as_dataset):
     model.compile(optimizer="adam")
     x = client.fit_data(16)[0]
     data = tf.data.Dataset.from_tensor_slices(x).batch(8) if as_dataset else x
-    result = tfmemopt.find_batch_size(
-        model, data, max_batch_size=16, verbose=0
-    )
+    result = tfmemopt.find_batch_size(model, data, max_batch_size=16, verbose=0)
     assert result.batch_size >= 8
 
 

@@ -248,9 +248,10 @@ class Model(_dist.FitFixes, keras.Model):
 
     def _check_own_train_step(self):
         """Refuses a subclass whose `train_step` would skip accumulation."""
-        accumulates = self._micro_batch_size is not None or (
-            self._accumulation_steps or 1
-        ) > 1
+        accumulates = (
+            self._micro_batch_size is not None
+            or (self._accumulation_steps or 1) > 1
+        )
         if not accumulates or type(self).train_step is Model.train_step:
             return
         setting = (

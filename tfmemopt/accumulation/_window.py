@@ -170,7 +170,7 @@ class _Window:
         return self._pack(out)
 
     def _sparse_kind(self, j, grads, out):
-        """"shared" when every group's rows are the same, batch-free rows."""
+        """`"shared"` when every group's rows are the same batch-free rows."""
         shape = grads[0].values.shape
         if (
             len(grads) != len(out["grads"])

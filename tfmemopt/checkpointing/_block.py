@@ -150,9 +150,7 @@ class CheckpointBlock(keras.layers.Layer):
         # not one of the model's tracked layers: the losses of the layers
         # inside it go to the model, which clears and collects them.
         owner = self.__dict__.get("_tfmemopt_loss_owner") or self
-        out = checkpoint_call(
-            forward, args, kwargs, self._state(), owner=owner
-        )
+        out = checkpoint_call(forward, args, kwargs, self._state(), owner=owner)
         flat = tf.nest.flatten(out)
         for t, m in zip(flat, masks[0] if masks else []):
             if m is not None:
