@@ -243,15 +243,24 @@ def estimate_memory(
     >>> est.parameters  # (32 * 8 + 8) float32 weights
     1056
     """
-    s = _settings(
-        model,
-        batch_size,
-        optimizer,
-        policy,
-        accumulation_steps,
-        checkpointing,
-        replicas,
-        trainer,
+    _check_counts(model, batch_size, accumulation_steps, replicas)
+    trainer = _resolve_trainer(trainer, model, accumulation_steps)
+    dtype_policy = _resolve_policy(policy, model)
+    ckpt = _check_checkpointing(checkpointing)
+    opt, opt_source = resolve_optimizer(optimizer, model)
+    per_replica = math.ceil(batch_size / replicas)
+    s = _Settings(
+        policy=dtype_policy,
+        checkpointing=ckpt,
+        optimizer=opt,
+        opt_source=opt_source,
+        trainer=trainer,
+        accumulation_steps=accumulation_steps,
+        per_replica=per_replica,
+        micro=math.ceil(per_replica / accumulation_steps),
+        compute=_itemsize(dtype_policy.compute_dtype),
+        variable=_itemsize(dtype_policy.variable_dtype),
+        replicas=replicas,
     )
     if sequence_length is not None:
         check_int("sequence_length", sequence_length)
@@ -310,17 +319,7 @@ class _Settings:
     replicas: int = 1
 
 
-def _settings(
-    model,
-    batch_size,
-    optimizer,
-    policy,
-    accumulation_steps,
-    checkpointing,
-    replicas,
-    trainer,
-) -> _Settings:
-    """Checks every argument (what/expected/fix) and resolves the defaults."""
+def _check_counts(model, batch_size, accumulation_steps, replicas) -> None:
     if not isinstance(model, keras.Model):
         raise TypeError(
             "`model` must be a `keras.Model`. Received: "
@@ -329,31 +328,18 @@ def _settings(
     check_int("batch_size", batch_size)
     check_int("accumulation_steps", accumulation_steps)
     check_int("replicas", replicas)
+
+
+def _resolve_trainer(trainer, model, accumulation_steps) -> str:
     if trainer is None:
         tfm = isinstance(model, Model) or accumulation_steps > 1
-        trainer = "tfmemopt" if tfm else "keras"
+        return "tfmemopt" if tfm else "keras"
     if trainer not in ("keras", "tfmemopt"):
         raise ValueError(
             f"Unknown trainer {trainer!r}. Expected None, 'keras' or "
             "'tfmemopt'. Fix: pass trainer='keras' for `keras.Model.fit`."
         )
-    dtype_policy = _resolve_policy(policy, model)
-    ckpt = _check_checkpointing(checkpointing)
-    opt, opt_source = resolve_optimizer(optimizer, model)
-    per_replica = math.ceil(batch_size / replicas)
-    return _Settings(
-        policy=dtype_policy,
-        checkpointing=ckpt,
-        optimizer=opt,
-        opt_source=opt_source,
-        trainer=trainer,
-        accumulation_steps=accumulation_steps,
-        per_replica=per_replica,
-        micro=math.ceil(per_replica / accumulation_steps),
-        compute=_itemsize(dtype_policy.compute_dtype),
-        variable=_itemsize(dtype_policy.variable_dtype),
-        replicas=replicas,
-    )
+    return trainer
 
 
 def _trace(model, s: _Settings, input_shape=None, sequence_length=None):

@@ -224,16 +224,11 @@ def plan(
     >>> model.fit(x, y, batch_size=p.global_batch_size)  # doctest: +SKIP
     """
     allow = _allow_tuple(allow)
-    budget = _check_arguments(
-        global_batch_size,
-        memory_budget,
-        allow,
-        replicas,
-        multiple_of,
-        verify,
-        data,
-        margin,
-    )
+    check_int("global_batch_size", global_batch_size)
+    check_int("replicas", replicas)
+    check_int("multiple_of", multiple_of)
+    budget = _search.parse_bytes(memory_budget)
+    _check_choices(allow, global_batch_size, replicas, verify, data, margin)
     limit = budget * (1 - margin)
     policies, fast = _policies(model, allow)
     considered = []
@@ -256,22 +251,8 @@ def plan(
             sequence_length=sequence_length,
         )
         micro = global_batch_size // replicas // steps
-        considered.append(
-            {
-                "policy": policy,
-                "checkpointing": ckpt,
-                "accumulation_steps": steps,
-                "micro_batch_size": micro,
-                "peak": int(est.total),
-                "state": int(
-                    est.parameters + est.gradients + est.optimizer_state
-                ),
-                "optimizer_state": int(est.optimizer_state),
-                # trainable parameters, counting float32 gradients
-                "parameter_count": int(est.gradients) // 4,
-                "time": step_time(micro, steps, ckpt, policy, fast),
-            }
-        )
+        time = step_time(micro, steps, ckpt, policy, fast)
+        considered.append(_candidate(est, policy, ckpt, steps, micro, time))
         return considered[-1]["peak"]
 
     ckpts = [None, "auto"] if "checkpointing" in allow else [None]
@@ -283,17 +264,31 @@ def plan(
             _fewest_steps_that_fit(
                 lambda steps: peak(policy, ckpt, steps), steps_list, limit
             )
-    return _choose(
-        considered,
-        model,
-        data,
-        verify,
-        budget,
-        limit,
-        global_batch_size,
-        replicas,
-        margin,
-    )
+
+    def make(best) -> Plan:
+        return _make_plan(best, global_batch_size, replicas, budget)
+
+    def no_fit(scale):
+        _raise_no_fit(considered, budget, global_batch_size, scale, margin)
+
+    measure = (lambda p: measure_plan(p, model, data)) if verify else None
+    return _choose(considered, limit, budget, make, no_fit, measure)
+
+
+def _candidate(est, policy, ckpt, steps, micro, time) -> dict:
+    """One row of `Plan.considered`: the settings and their estimate."""
+    return {
+        "policy": policy,
+        "checkpointing": ckpt,
+        "accumulation_steps": steps,
+        "micro_batch_size": micro,
+        "peak": int(est.total),
+        "state": int(est.parameters + est.gradients + est.optimizer_state),
+        "optimizer_state": int(est.optimizer_state),
+        # trainable parameters, counting float32 gradients
+        "parameter_count": int(est.gradients) // 4,
+        "time": time,
+    }
 
 
 def _allow_tuple(allow) -> tuple:
@@ -311,21 +306,8 @@ def _allow_tuple(allow) -> tuple:
         ) from None
 
 
-def _check_arguments(
-    global_batch_size,
-    memory_budget,
-    allow,
-    replicas,
-    multiple_of,
-    verify,
-    data,
-    margin,
-) -> int:
-    """Checks `plan`'s arguments; returns the budget in bytes."""
-    check_int("global_batch_size", global_batch_size)
-    check_int("replicas", replicas)
-    check_int("multiple_of", multiple_of)
-    budget = _search.parse_bytes(memory_budget)
+def _check_choices(allow, global_batch_size, replicas, verify, data, margin):
+    """Checks `plan`'s other arguments (what/expected/fix)."""
     unknown = [a for a in allow if a not in ALLOW]
     if unknown:
         raise ValueError(
@@ -345,7 +327,6 @@ def _check_arguments(
             "`margin` must be a fraction in [0, 1) of the budget to keep "
             f"free. Received: margin={margin!r}."
         )
-    return budget
 
 
 def _fewest_steps_that_fit(peak, steps_list, limit) -> None:
@@ -362,30 +343,21 @@ def _fewest_steps_that_fit(peak, steps_list, limit) -> None:
             lo = mid + 1
 
 
-def _choose(
-    considered,
-    model,
-    data,
-    verify,
-    budget,
-    limit,
-    global_batch_size,
-    replicas,
-    margin,
-) -> Plan:
-    """The fastest candidate that fits; with `verify`, measured, and up to
-    four times (each miss scales every estimate by how low it was)."""
+def _choose(considered, limit, budget, make, no_fit, measure) -> Plan:
+    """The fastest candidate that fits (`make(best)` makes its `Plan`,
+    `no_fit(scale)` raises); with `measure` (verify), measured, up to four
+    times (each miss scales every estimate by how low it was)."""
     rejected, scale = [], 1.0
-    for _ in range(4 if verify else 1):
+    for _ in range(1 if measure is None else 4):
         pool = [c for c in considered if id(c) not in rejected]
         best = choose(pool, limit / scale)
         if best is None:
-            _raise_no_fit(considered, budget, global_batch_size, scale, margin)
-        result = _make_plan(best, global_batch_size, replicas, budget)
+            no_fit(scale)
+        result = make(best)
         result.considered = considered
-        if not verify:
+        if measure is None:
             return result
-        result.measured_peak = measure_plan(result, model, data)
+        result.measured_peak = measure(result)
         if result.measured_peak is None or result.measured_peak <= budget:
             return result
         # The estimate was low here: trust it that much less from now on.
