@@ -145,6 +145,31 @@ def _check_args(mode, max_batch_size, multiple_of, margin, steps_per_trial):
         )
 
 
+def _trial(runner, limit, verbose):
+    """`fits(batch_size) -> Trial`: one trial on `runner` against `limit`."""
+
+    def fits(batch_size: int) -> Trial:
+        peak, oom = runner.run(batch_size)
+        if oom:
+            trial = Trial(batch_size, False, None, f"out of memory: {oom}")
+        elif limit is not None and peak > limit:
+            trial = Trial(batch_size, False, peak, "over budget")
+        else:
+            trial = Trial(batch_size, True, peak, "")
+        if verbose:
+            print(
+                f"tfmemopt.find_batch_size: batch {batch_size:>6}: "
+                f"{'fits' if trial.fits else 'does not fit'}, peak "
+                f"{format_mib(peak)}"
+                + (f" (limit {format_mib(limit)})" if limit else "")
+                + (f" [{trial.reason}]" if trial.reason else ""),
+                flush=True,
+            )
+        return trial
+
+    return fits
+
+
 def find_batch_size(
     model: keras.Model,
     data,
@@ -246,25 +271,7 @@ def find_batch_size(
                 "shrink activations."
             )
 
-        def fits(batch_size: int) -> Trial:
-            peak, oom = runner.run(batch_size)
-            if oom:
-                trial = Trial(batch_size, False, None, f"out of memory: {oom}")
-            elif limit is not None and peak > limit:
-                trial = Trial(batch_size, False, peak, "over budget")
-            else:
-                trial = Trial(batch_size, True, peak, "")
-            if verbose:
-                print(
-                    f"tfmemopt.find_batch_size: batch {batch_size:>6}: "
-                    f"{'fits' if trial.fits else 'does not fit'}, peak "
-                    f"{format_mib(peak)}"
-                    + (f" (limit {format_mib(limit)})" if limit else "")
-                    + (f" [{trial.reason}]" if trial.reason else ""),
-                    flush=True,
-                )
-            return trial
-
+        fits = _trial(runner, limit, verbose)
         best, trials = _search.search(fits, mode, max_batch_size, multiple_of)
     if best is None:
         first = trials[0]
