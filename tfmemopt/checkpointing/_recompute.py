@@ -146,23 +146,7 @@ def checkpoint_call(
 
     def run(call, ts, vals):
         a, k = rebuild(ts)
-        mapping = {id(v): x for v, x in zip(variables, vals)}
-        _mapping_stack().append(mapping)
-        try:
-            with keras.StatelessScope(
-                state_mapping=list(zip(variables, vals)),
-                collect_losses=True,
-                initialize_variables=False,
-            ) as scope:
-                out = call(*a, **k)
-        finally:
-            _mapping_stack().pop()
-        changed = []
-        for v, x in zip(variables, vals):
-            new = scope.get_current_value(v)
-            if new is not None and new is not x:
-                changed.append((v, new))
-        return out, changed, list(scope.losses)
+        return _run_on_values(call, a, k, variables, vals)
 
     @tf.custom_gradient
     def segment(*xs):
@@ -204,19 +188,50 @@ def checkpoint_call(
     flat_out = list(segment(*tensors, *values))
     for v, new in updates:
         v.assign(new)
-    if n_loss[-1]:
-        losses = flat_out[-n_loss[-1] :]
-        flat_out = flat_out[: -n_loss[-1]]
-        if owner is None:
-            raise ValueError(
-                "Layers inside a checkpointed segment added losses "
-                f"({n_loss[-1]}), but no `owner` layer was given to receive "
-                "them. Pass `owner=` to `checkpoint_call`."
-            )
-        # The base method: a functional model's own `add_loss` refuses
-        # (symbolic only), although its `losses` collects these.
-        keras.layers.Layer.add_loss(owner, losses)
+    flat_out = _hand_over_losses(flat_out, n_loss[-1], owner)
     return tf.nest.pack_sequence_as(out_structure[-1], flat_out)
+
+
+def _run_on_values(call, args, kwargs, variables, values):
+    """`call(*args, **kwargs)` reading `variables` as `values` (stateless).
+
+    Returns `(output, [(variable, new value)] it assigned, losses added)`.
+    """
+    mapping = {id(v): x for v, x in zip(variables, values)}
+    _mapping_stack().append(mapping)
+    try:
+        with keras.StatelessScope(
+            state_mapping=list(zip(variables, values)),
+            collect_losses=True,
+            initialize_variables=False,
+        ) as scope:
+            out = call(*args, **kwargs)
+    finally:
+        _mapping_stack().pop()
+    changed = []
+    for v, x in zip(variables, values):
+        new = scope.get_current_value(v)
+        if new is not None and new is not x:
+            changed.append((v, new))
+    return out, changed, list(scope.losses)
+
+
+def _hand_over_losses(flat_out: list, n_losses: int, owner) -> list:
+    """The segment's outputs; its last `n_losses` (losses that layers inside
+    added) go to `owner` through `add_loss`."""
+    if not n_losses:
+        return flat_out
+    losses = flat_out[-n_losses:]
+    if owner is None:
+        raise ValueError(
+            "Layers inside a checkpointed segment added losses "
+            f"({n_losses}), but no `owner` layer was given to receive "
+            "them. Pass `owner=` to `checkpoint_call`."
+        )
+    # The base method: a functional model's own `add_loss` refuses
+    # (symbolic only), although its `losses` collects these.
+    keras.layers.Layer.add_loss(owner, losses)
+    return flat_out[:-n_losses]
 
 
 def _unique(variables) -> list:
