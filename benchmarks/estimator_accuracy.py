@@ -49,8 +49,102 @@ MODELS = {
     "transformer": (4, 16, 32),
     "lstm": (128, 512, 1024),
     "embedding": (64, 512, 2048),
+    # Real models' shapes (issue #16): keras-io's text-classification
+    # transformer (token + position embedding), keras-io's ViT (patches,
+    # position embedding) and EfficientNetB0.
+    "text_transformer": (8, 32, 64),
+    "vit": (8, 32, 64),
+    "efficientnetb0_64": (4, 16, 32),
 }
 VARIANTS = ("base", "accumulation=4", "checkpointing=auto", "mixed_bfloat16")
+
+
+def _keras_io_layers():
+    """keras-io's TokenAndPositionEmbedding, TransformerBlock, Patches and
+    PatchEncoder (text_classification_with_transformer, image_classification
+    _with_vision_transformer; Apache 2.0), as written there."""
+    import keras
+    from keras import layers
+    from keras import ops
+
+    class TokenAndPositionEmbedding(layers.Layer):
+        def __init__(self, maxlen, vocab_size, embed_dim):
+            super().__init__()
+            self.token_emb = layers.Embedding(vocab_size, embed_dim)
+            self.pos_emb = layers.Embedding(maxlen, embed_dim)
+
+        def call(self, x):
+            maxlen = ops.shape(x)[-1]
+            positions = ops.arange(start=0, stop=maxlen, step=1)
+            positions = self.pos_emb(positions)
+            x = self.token_emb(x)
+            return x + positions
+
+    class TransformerBlock(layers.Layer):
+        def __init__(self, embed_dim, num_heads, ff_dim, rate=0.1):
+            super().__init__()
+            self.att = layers.MultiHeadAttention(
+                num_heads=num_heads, key_dim=embed_dim
+            )
+            self.ffn = keras.Sequential(
+                [
+                    layers.Dense(ff_dim, activation="relu"),
+                    layers.Dense(embed_dim),
+                ]
+            )
+            self.layernorm1 = layers.LayerNormalization(epsilon=1e-6)
+            self.layernorm2 = layers.LayerNormalization(epsilon=1e-6)
+            self.dropout1 = layers.Dropout(rate)
+            self.dropout2 = layers.Dropout(rate)
+
+        def call(self, inputs):
+            attn_output = self.att(inputs, inputs)
+            attn_output = self.dropout1(attn_output)
+            out1 = self.layernorm1(inputs + attn_output)
+            ffn_output = self.ffn(out1)
+            ffn_output = self.dropout2(ffn_output)
+            return self.layernorm2(out1 + ffn_output)
+
+    class Patches(layers.Layer):
+        def __init__(self, patch_size):
+            super().__init__()
+            self.patch_size = patch_size
+
+        def call(self, images):
+            input_shape = ops.shape(images)
+            batch_size = input_shape[0]
+            height, width, channels = input_shape[1:4]
+            num_patches_h = height // self.patch_size
+            num_patches_w = width // self.patch_size
+            patches = keras.ops.image.extract_patches(
+                images, size=self.patch_size
+            )
+            return ops.reshape(
+                patches,
+                (
+                    batch_size,
+                    num_patches_h * num_patches_w,
+                    self.patch_size * self.patch_size * channels,
+                ),
+            )
+
+    class PatchEncoder(layers.Layer):
+        def __init__(self, num_patches, projection_dim):
+            super().__init__()
+            self.num_patches = num_patches
+            self.projection = layers.Dense(units=projection_dim)
+            self.position_embedding = layers.Embedding(
+                input_dim=num_patches, output_dim=projection_dim
+            )
+
+        def call(self, patch):
+            positions = ops.expand_dims(
+                ops.arange(start=0, stop=self.num_patches, step=1), axis=0
+            )
+            projected_patches = self.projection(patch)
+            return projected_patches + self.position_embedding(positions)
+
+    return TokenAndPositionEmbedding, TransformerBlock, Patches, PatchEncoder
 
 
 def build(name):
@@ -114,6 +208,39 @@ def build(name):
         x = layers.Dense(256, activation="relu")(x)
         x = layers.GlobalAveragePooling1D()(x)
         return inp, layers.Dense(10)(x), True
+    if name == "text_transformer":
+        embedding, block, _, _ = _keras_io_layers()
+        inp = keras.Input((256,), dtype="int32")
+        x = embedding(256, 20000, 128)(inp)
+        for _ in range(2):
+            x = block(128, 4, 512)(x)
+        x = layers.GlobalAveragePooling1D()(x)
+        x = layers.Dropout(0.1)(x)
+        x = layers.Dense(64, activation="relu")(x)
+        return inp, layers.Dense(10)(x), True
+    if name == "vit":
+        _, _, patches, encoder = _keras_io_layers()
+        inp = keras.Input((64, 64, 3))
+        x = encoder(64, 128)(patches(8)(inp))
+        for _ in range(4):
+            h = layers.LayerNormalization(epsilon=1e-6)(x)
+            h = layers.MultiHeadAttention(4, 32, dropout=0.1)(h, h)
+            x = layers.Add()([h, x])
+            h = layers.LayerNormalization(epsilon=1e-6)(x)
+            h = layers.Dense(256, activation=keras.activations.gelu)(h)
+            h = layers.Dropout(0.1)(h)
+            h = layers.Dense(128, activation=keras.activations.gelu)(h)
+            h = layers.Dropout(0.1)(h)
+            x = layers.Add()([h, x])
+        x = layers.LayerNormalization(epsilon=1e-6)(x)
+        x = layers.Flatten()(x)
+        x = layers.Dropout(0.5)(x)
+        return inp, layers.Dense(10)(x), True
+    if name.startswith("efficientnetb0"):
+        app = keras.applications.EfficientNetB0(
+            weights=None, input_shape=(64, 64, 3), classes=10
+        )
+        return app.inputs[0], app.outputs[0], True
     raise ValueError(name)
 
 
