@@ -255,6 +255,26 @@ def markov_data(n_train=2000, n_test=500, length=33, vocab=24):
     return sample(n_train, 1), sample(n_test, 2), vocab
 
 
+def markov_bound(length=33, vocab=24):
+    """About the lowest mean loss: the first target is uniform, each
+    later one has the entropy of its (a, b) row (rows weighted equally,
+    not by how often the chain visits them; successors may repeat)."""
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    nxt = rng.integers(0, vocab, size=(vocab, vocab, 3))
+    p = np.array([0.6, 0.25, 0.15])
+    rows = []
+    for a in range(vocab):
+        for b in range(vocab):
+            probs = np.zeros(vocab)
+            np.add.at(probs, nxt[a, b], p)
+            probs = probs[probs > 0]
+            rows.append(-(probs * np.log(probs)).sum())
+    steps = length - 1
+    return (np.log(vocab) + (steps - 1) * float(np.mean(rows))) / steps
+
+
 def train_task(task, name, seed, epochs):
     import keras
 
@@ -275,7 +295,13 @@ def train_task(task, name, seed, epochs):
         model = keras.Sequential(
             [
                 keras.Input((None,), dtype="int64"),
-                keras.layers.Embedding(vocab, 32),
+                # one-hot + Dense: a dense gradient (an Embedding's sparse
+                # one meets Keras's per-occurrence squaring, see the docs)
+                keras.layers.Lambda(
+                    lambda t: keras.ops.one_hot(t, vocab),
+                    output_shape=(None, vocab),
+                ),
+                keras.layers.Dense(32, use_bias=False),
                 keras.layers.LSTM(128, return_sequences=True),
                 keras.layers.Dense(vocab),
             ]
@@ -328,11 +354,12 @@ def convergence_section(seeds, epochs):
     head = (
         f"Seeds {list(seeds)}; mean [min, max] of the final losses. digits: "
         f"MLP 64-256-256-10 on 1400/397 samples, {epochs['digits']} epochs, "
-        "batch 32, lr 1e-3. markov_lstm: Embedding 32 + LSTM 128 language "
-        "model on a random 2nd-order Markov chain (vocab 24, 2000/500 "
-        f"sequences of 32), {epochs['markov_lstm']} epochs, batch 64, lr "
-        "3e-3 (the chain's entropy bounds the loss at ~0.94 nats). Both "
-        "Adafactors: lr 1e-2 (the relative step's cap)."
+        "batch 32, lr 1e-3. markov_lstm: one-hot + Dense 32 + LSTM 128 "
+        "language model on a random 2nd-order Markov chain (vocab 24, "
+        f"2000/500 sequences of 32), {epochs['markov_lstm']} epochs, batch "
+        f"64, lr 3e-3 (the chain's entropy puts the best loss near "
+        f"{markov_bound():.2f} nats). Both Adafactors: lr 1e-2 (the "
+        "relative step's cap)."
     )
     body = table(["task", "optimizer", "train loss", "held-out loss"], rows)
     return head + "\n\n" + body + "\n\n" + "\n".join(f"- {v}" for v in verdict)
@@ -350,7 +377,7 @@ def main():
     print(mem)
     tim = time_section(5 if quick else 15)
     print(tim)
-    seeds = (0, 1) if quick else (0, 1, 2, 3)
+    seeds = (0, 1) if quick else (0, 1, 2)
     epochs = {"digits": 3, "markov_lstm": 2} if quick else {
         "digits": 15, "markov_lstm": 6}  # fmt: skip
     conv = convergence_section(seeds, epochs)
