@@ -178,3 +178,21 @@ def test_non_float_variable_refused():
     v = keras.Variable(np.zeros((2, 2), "int32"))
     with pytest.raises(TypeError, match="floating-point"):
         Adafactor().build([v])
+
+
+def test_sparse_rows_are_summed_then_applied_densely():
+    import tensorflow as tf
+
+    start = np.arange(40, dtype="float32").reshape(10, 4) / 40
+    grad = tf.IndexedSlices(
+        tf.constant([[1.0, 1, 1, 1], [1.0, 1, 1, 1], [0.5, 0.5, 0.5, 0.5]]),
+        tf.constant([1, 1, 2]),
+        tf.constant([10, 4]),
+    )
+    sparse_w, dense_w = keras.Variable(start), keras.Variable(start)
+    sparse_opt, dense_opt = Adafactor(0.01), Adafactor(0.01)
+    for _ in range(2):
+        sparse_opt.apply_gradients([(grad, sparse_w)])
+        dense_opt.apply_gradients([(tf.convert_to_tensor(grad), dense_w)])
+    np.testing.assert_array_equal(sparse_w.numpy(), dense_w.numpy())
+    assert np.isfinite(sparse_w.numpy()).all()
