@@ -77,4 +77,9 @@ def test_oom_report_names_them():
     report = build_report(
         RuntimeError("OOM when allocating tensor"), m, 16, budget, "CPU:0"
     )
-    assert "tfmemopt.optimizers.AdamW8bit" in str(report)
+    # The plan in the report switches Adam to its 8-bit twin (one replica:
+    # no sharding).
+    assert report.plan is not None, report.plan_error
+    assert report.plan.optimizer == "Adam8bit"
+    assert "tfmemopt.optimizers.Adam8bit" in str(report)
+    assert "Sharded" not in str(report)

@@ -5,8 +5,10 @@ out of device memory inside it, it raises `OutOfMemoryError`, a
 `tf.errors.ResourceExhaustedError` (so existing `except` clauses still
 catch it) whose message and `.report` say how much memory the device held
 at the failure, the estimated breakdown of what training needs, and the
-plan (micro-batch, accumulation steps, checkpointing, precision) that
-would fit. `tfmemopt.Model.fit` does this by itself.
+plan (micro-batch, accumulation steps, checkpointing, precision, and where
+the model state itself is too large, `ShardedOptimizer` across the
+replicas or an 8-bit or factored optimizer) that would fit.
+`tfmemopt.Model.fit` does this by itself.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from tfmemopt.estimate import estimate_memory
 from tfmemopt.tuning._errors import first_line
 from tfmemopt.tuning._errors import is_oom
 from tfmemopt.tuning._planner import plan
+from tfmemopt.tuning._state_options import strategy_replicas
 from tfmemopt.tuning._trials import default_device
 
 
@@ -104,6 +107,7 @@ def build_report(
     batch_size: int | None = None,
     memory_budget=None,
     device: str | None = None,
+    replicas: int | None = None,
 ) -> OOMReport:
     """An `OOMReport` for `error`; no part of it ever raises."""
     try:
@@ -128,8 +132,12 @@ def build_report(
         )
         return report
     try:
+        replicas = replicas or _replicas(model)
         report.estimate = estimate_memory(
-            model, batch_size, optimizer=getattr(model, "optimizer", None)
+            model,
+            batch_size,
+            optimizer=getattr(model, "optimizer", None),
+            replicas=replicas,
         )
     except Exception as e:  # noqa: BLE001
         report.plan_error = f"no estimate ({type(e).__name__}: {e})"
@@ -145,10 +153,17 @@ def build_report(
         )
         return report
     try:
-        report.plan = plan(model, batch_size, budget)
+        report.plan = plan(model, batch_size, budget, replicas=replicas)
     except Exception as e:  # noqa: BLE001
         report.plan_error = f"{type(e).__name__}: {e}"
     return report
+
+
+def _replicas(model) -> int:
+    """Replicas of the model's strategy (else the active one's)."""
+    strategy = getattr(model, "distribute_strategy", None)
+    count = getattr(strategy, "num_replicas_in_sync", None)
+    return int(count) if count else strategy_replicas()
 
 
 def fit_batch_size(args: tuple, kwargs: dict) -> int | None:
@@ -175,6 +190,7 @@ def oom_report(
     batch_size: int | None = None,
     memory_budget=None,
     device: str | None = None,
+    replicas: int | None = None,
 ) -> Iterator[None]:
     """Turns an out-of-memory error inside the block into a report.
 
@@ -192,6 +208,9 @@ def oom_report(
             peak at the failure (about its capacity).
         device: Str or `None`, defaults to the first accelerator, else
             `"CPU:0"`.
+        replicas: Int or `None`, defaults to `None`: the replicas of the
+            model's `tf.distribute` strategy. With several, a plan may
+            shard the optimizer state (`tfmemopt.ShardedOptimizer`).
 
     Raises:
         OutOfMemoryError: a `tf.errors.ResourceExhaustedError` carrying the
@@ -211,7 +230,9 @@ def oom_report(
     except Exception as e:
         if not is_oom(e):
             raise
-        report = build_report(e, model, batch_size, memory_budget, device)
+        report = build_report(
+            e, model, batch_size, memory_budget, device, replicas
+        )
         raise OutOfMemoryError(report, e) from e
 
 

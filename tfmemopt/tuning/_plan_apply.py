@@ -60,6 +60,16 @@ def apply_plan(plan, model: keras.Model, copy: bool = False) -> keras.Model:
             f"{type(model).__name__}"
             + (" (not built: call it on a batch first)." if model else ".")
         )
+    compile_config = None
+    if getattr(model, "compiled", False):
+        compile_config = _compile_config(plan, model)
+    elif plan.optimizer or plan.sharding:
+        raise ValueError(
+            f"The plan switches the optimizer to {plan.optimizer_name}, "
+            "built from the model's compiled optimizer, but the model is not "
+            "compiled. Compile it first (model.compile(optimizer=..., "
+            "loss=...)), then call plan.apply(model)."
+        )
     base = model
     if copy or plan.policy != _policy_name(model):
         base = rebuild(model, plan.policy)
@@ -69,11 +79,35 @@ def apply_plan(plan, model: keras.Model, copy: bool = False) -> keras.Model:
     keras.config.set_dtype_policy(plan.policy)
     try:
         wrapped = Model.wrap(base, accumulation_steps=plan.accumulation_steps)
-        if getattr(model, "compiled", False):
-            wrapped.compile_from_config(model.get_compile_config())
+        if compile_config is not None:
+            wrapped.compile_from_config(compile_config)
     finally:
         keras.config.set_dtype_policy(previous)
     return wrapped
+
+
+def _compile_config(plan, model) -> dict:
+    """`model`'s compile config, with the plan's optimizer when it has one
+    (built from the compiled optimizer's arguments)."""
+    from tfmemopt.tuning import _state_options as state_options
+
+    config = model.get_compile_config()
+    if not (plan.optimizer or plan.sharding):
+        return config
+    replicas = state_options.strategy_replicas()
+    if plan.sharding and replicas != plan.replicas:
+        raise ValueError(
+            f"The plan shards the optimizer state over {plan.replicas} "
+            f"replicas, but the active strategy has {replicas}. Call "
+            "plan.apply(model) inside `strategy.scope()` of the strategy the "
+            "plan was made for (ShardedOptimizer must be created there)."
+        )
+    new = state_options.make_optimizer(
+        model.optimizer, plan.optimizer, plan.sharding
+    )
+    config = dict(config)
+    config["optimizer"] = keras.optimizers.serialize(new)
+    return config
 
 
 def measure_plan(plan, model: keras.Model, data) -> int | None:

@@ -18,12 +18,20 @@ from tfmemopt._utils import check_int
 from tfmemopt._utils import format_bytes
 from tfmemopt._utils import format_mib as _mib
 from tfmemopt.estimate import estimate_memory
+from tfmemopt.estimate._optimizer_state import resolve_optimizer
 from tfmemopt.precision import _mixed_precision as mixed_precision
 from tfmemopt.tuning import _search
+from tfmemopt.tuning import _state_options as state_options
 from tfmemopt.tuning._plan_apply import apply_plan
 from tfmemopt.tuning._plan_apply import measure_plan
 
-ALLOW = ("accumulation", "checkpointing", "mixed_precision")
+ALLOW = (
+    "accumulation",
+    "checkpointing",
+    "mixed_precision",
+    "sharding",
+    "optimizer_state",
+)
 # A pass over a micro-batch costs as much as this many extra samples
 # (kernel launches, weight reads, the optimizer's share).
 _PASS_OVERHEAD = 8
@@ -52,6 +60,11 @@ class Plan:
         why: Str, why this combination was chosen.
         measured_peak: Int or `None`, bytes measured by `verify=True`.
         considered: List of dicts, every combination estimated.
+        optimizer: `None` (keep the optimizer) or the name of the
+            `tfmemopt.optimizers` class that replaces it (`"AdamW8bit"`,
+            `"Adam8bit"`, `"Adafactor"`), with the shared arguments.
+        sharding: `None` or the `tfmemopt.ShardedOptimizer` stage (`1`)
+            that wraps the optimizer: 1/`replicas` of its state per replica.
 
     Example:
 
@@ -73,6 +86,9 @@ class Plan:
     why: str = ""
     measured_peak: int | None = None
     considered: list = dataclasses.field(default_factory=list)
+    optimizer: str | None = None
+    sharding: int | None = None
+    base_optimizer: str = dataclasses.field(default="", repr=False)
 
     @property
     def model_kwargs(self) -> dict:
@@ -91,6 +107,9 @@ class Plan:
         accumulation steps and compiles it as `model` was compiled. Fit the
         result with `batch_size=plan.global_batch_size // plan.replicas`
         per replica (the global batch under a distribution strategy).
+        With `optimizer` or `sharding` set it compiles with the new
+        optimizer, built from the compiled one's arguments; with `sharding`
+        call it inside the strategy's scope.
         """
         return apply_plan(self, model)
 
@@ -99,7 +118,12 @@ class Plan:
             f"micro_batch_size={self.micro_batch_size} x accumulation_steps="
             f"{self.accumulation_steps} x replicas={self.replicas} = "
             f"global batch {self.global_batch_size}",
-            f"checkpointing={self.checkpointing!r}, policy={self.policy!r}",
+            f"checkpointing={self.checkpointing!r}, policy={self.policy!r}"
+            + (
+                f", optimizer={self.optimizer_name}"
+                if self.optimizer or self.sharding
+                else ""
+            ),
             f"estimated peak {format_bytes(self.estimated_peak)} of budget "
             f"{format_bytes(self.memory_budget)}"
             + (
@@ -111,6 +135,16 @@ class Plan:
             f"why: {self.why}",
         ]
         return "\n".join(lines)
+
+    @property
+    def optimizer_name(self) -> str | None:
+        """`"ShardedOptimizer(AdamW8bit, stage=1)"`, ... or `None`."""
+        if not (self.optimizer or self.sharding):
+            return None
+        inner = self.optimizer or self.base_optimizer or "the optimizer"
+        if self.sharding:
+            return f"tfmemopt.ShardedOptimizer({inner}, stage={self.sharding})"
+        return f"tfmemopt.optimizers.{inner}"
 
 
 def step_time(micro, steps, checkpointing, policy, fast_16bit) -> float:
@@ -165,7 +199,7 @@ def plan(
     memory_budget: int | str,
     optimizer=None,
     allow: tuple[str, ...] = ALLOW,
-    replicas: int = 1,
+    replicas: int | None = None,
     multiple_of: int = 8,
     verify: bool = False,
     data=None,
@@ -182,8 +216,16 @@ def plan(
     (aligned micro-batches preferred). Among those that fit it picks the
     lowest estimated step time: fewer micro-batches are faster, checkpointing
     costs about one extra forward pass, 16-bit compute is faster only on
-    tensor cores. Cost: a few traces of the model (seconds each); with
-    `verify=True` also a few training steps of each plan it checks.
+    tensor cores. When nothing fits because the model state (weights,
+    gradients, optimizer state) leaves too little room, it tries, least
+    change first: `tfmemopt.ShardedOptimizer(optimizer, stage=1)` with
+    several replicas (1/R of the state per replica, the same updates), the
+    8-bit twin of an Adam-like optimizer (`AdamW8bit`/`Adam8bit`, ~2 bytes
+    of state per parameter instead of 8), both, then
+    `tfmemopt.optimizers.Adafactor` (the least state); the first that fits
+    is the plan (`Plan.optimizer`, `Plan.sharding`). Cost: a few traces
+    of the model (seconds each); with `verify=True` also a few training
+    steps of each plan it checks.
 
     Args:
         model: A built `keras.Model`.
@@ -191,8 +233,14 @@ def plan(
         memory_budget: Int bytes or str (`"16GiB"`), per device.
         optimizer: `None` (the model's, else Adam), a name or an optimizer.
         allow: Tuple of str, defaults to all of `("accumulation",
-            "checkpointing", "mixed_precision")`.
-        replicas: Int, defaults to `1`.
+            "checkpointing", "mixed_precision", "sharding",
+            "optimizer_state")`. `"sharding"` lets the plan wrap the
+            optimizer in `ShardedOptimizer` (needs replicas > 1);
+            `"optimizer_state"` lets it switch to an 8-bit or factored
+            optimizer (other updates: drop it to keep yours).
+        replicas: Int or `None`, defaults to `None`: the active
+            `tf.distribute` strategy's `num_replicas_in_sync` (1 outside
+            any strategy).
         multiple_of: Int, defaults to `8`: preferred micro-batch alignment.
         verify: Bool, defaults to `False`: measure the applied plan on this
             device (needs `data` and a compiled model; changes nothing).
@@ -225,6 +273,8 @@ def plan(
     """
     allow = _allow_tuple(allow)
     check_int("global_batch_size", global_batch_size)
+    if replicas is None:
+        replicas = state_options.strategy_replicas()
     check_int("replicas", replicas)
     check_int("multiple_of", multiple_of)
     budget = _search.parse_bytes(memory_budget)
@@ -232,17 +282,18 @@ def plan(
     limit = budget * (1 - margin)
     policies, fast = _policies(model, allow)
     considered = []
+    base = resolve_optimizer(optimizer, model)[0]
+    option = {"optimizer": None, "sharding": None, "opt": optimizer}
 
     def peak(policy, ckpt, steps) -> int:
+        key = (policy, ckpt, steps, option["optimizer"], option["sharding"])
         for c in considered:
-            if (c["policy"], c["checkpointing"]) == (policy, ckpt) and (
-                c["accumulation_steps"] == steps
-            ):
+            if _key(c) == key:
                 return c["peak"]
         est = estimate_memory(
             model,
             global_batch_size,
-            optimizer=optimizer,
+            optimizer=option["opt"],
             policy=policy,
             accumulation_steps=steps,
             checkpointing=ckpt,
@@ -253,26 +304,54 @@ def plan(
         micro = global_batch_size // replicas // steps
         time = step_time(micro, steps, ckpt, policy, fast)
         considered.append(_candidate(est, policy, ckpt, steps, micro, time))
+        considered[-1].update(
+            optimizer=option["optimizer"],
+            sharding=option["sharding"],
+            optimizer_name=type(state_options.unwrap(base)).__name__,
+        )
         return considered[-1]["peak"]
 
     ckpts = [None, "auto"] if "checkpointing" in allow else [None]
     steps_list = _steps_options(
         global_batch_size // replicas, multiple_of, allow
     )
-    for policy in policies:
-        for ckpt in ckpts:
-            _fewest_steps_that_fit(
-                lambda steps: peak(policy, ckpt, steps), steps_list, limit
-            )
+
+    def search() -> None:
+        for policy in policies:
+            for ckpt in ckpts:
+                _fewest_steps_that_fit(
+                    lambda steps: peak(policy, ckpt, steps), steps_list, limit
+                )
+
+    search()
+    # The model state leaves too little room: shrink the state itself,
+    # least change first (sharded, 8-bit, both, factored).
+    for name, stage in state_options.alternatives(base, allow, replicas):
+        if choose(considered, limit) is not None:
+            break
+        new = state_options.make_optimizer(base, name, stage)
+        option.update(optimizer=name, sharding=stage, opt=new)
+        search()
 
     def make(best) -> Plan:
-        return _make_plan(best, global_batch_size, replicas, budget)
+        return _make_plan(best, global_batch_size, replicas, budget, considered)
 
     def no_fit(scale):
         _raise_no_fit(considered, budget, global_batch_size, scale, margin)
 
     measure = (lambda p: measure_plan(p, model, data)) if verify else None
     return _choose(considered, limit, budget, make, no_fit, measure)
+
+
+def _key(c) -> tuple:
+    """What identifies a candidate (its settings)."""
+    return (
+        c["policy"],
+        c["checkpointing"],
+        c["accumulation_steps"],
+        c.get("optimizer"),
+        c.get("sharding"),
+    )
 
 
 def _candidate(est, policy, ckpt, steps, micro, time) -> dict:
@@ -331,9 +410,12 @@ def _check_choices(allow, global_batch_size, replicas, verify, data, margin):
 
 def _fewest_steps_that_fit(peak, steps_list, limit) -> None:
     """Estimates `peak(steps)` along `steps_list` (the peak falls as the
-    steps grow), bisecting for the fewest steps within `limit`."""
+    steps grow), bisecting for the fewest steps within `limit`. When the
+    most steps do not fit, the fewest are tried too: accumulators (a float32
+    copy of the gradients) can outweigh the activations they save."""
     lo, hi = 0, len(steps_list) - 1
     if peak(steps_list[hi]) > limit:
+        peak(steps_list[0])
         return
     while lo < hi:
         mid = (lo + hi) // 2
@@ -371,7 +453,7 @@ def _choose(considered, limit, budget, make, no_fit, measure) -> Plan:
     )
 
 
-def _make_plan(best, global_batch_size, replicas, budget) -> Plan:
+def _make_plan(best, global_batch_size, replicas, budget, considered=()):
     steps, ckpt, policy = (
         best["accumulation_steps"],
         best["checkpointing"],
@@ -391,6 +473,11 @@ def _make_plan(best, global_batch_size, replicas, budget) -> Plan:
         if not parts
         else "the fastest combination that fits: " + ", ".join(parts)
     )
+    kept = [c for c in considered if not (c["optimizer"] or c["sharding"])]
+    if kept and (best.get("optimizer") or best.get("sharding")):
+        before = min(kept, key=lambda c: c["peak"])
+        change = state_options.state_change_text(before, best, replicas)
+        why = f"{change}; with it, {why}"
     return Plan(
         global_batch_size=global_batch_size,
         micro_batch_size=best["micro_batch_size"],
@@ -402,6 +489,9 @@ def _make_plan(best, global_batch_size, replicas, budget) -> Plan:
         relative_step_time=best["time"],
         memory_budget=budget,
         why=why,
+        optimizer=best.get("optimizer"),
+        sharding=best.get("sharding"),
+        base_optimizer=best.get("optimizer_name", ""),
     )
 
 
@@ -427,6 +517,32 @@ def _small_state_hint(candidate) -> str:
     )
 
 
+def _peak(c) -> int:
+    return c["peak"]
+
+
+def _kept(considered) -> list:
+    """The candidates that keep the optimizer (all, if none does)."""
+    kept = [c for c in considered if not (c["optimizer"] or c["sharding"])]
+    return kept or considered
+
+
+def _tried_text(considered) -> str:
+    """`" Tried too: AdamW8bit (smallest 2.9 MiB), ..."` or `""`."""
+    tried = {}
+    for c in considered:
+        if c["optimizer"] or c["sharding"]:
+            label = state_options.describe(
+                None, c["optimizer"] or c["optimizer_name"], c["sharding"]
+            )
+            tried[label] = min(tried.get(label, c["peak"]), c["peak"])
+    if not tried:
+        return ""
+    return " Tried too: " + ", ".join(
+        f"{k} (smallest estimate {format_bytes(v)})" for k, v in tried.items()
+    )
+
+
 def _raise_no_fit(considered, budget, global_batch_size, scale, margin):
     state = min(c["state"] for c in considered)
     least = min(considered, key=lambda c: c["peak"])
@@ -442,7 +558,8 @@ def _raise_no_fit(considered, budget, global_batch_size, scale, margin):
             f"smallest plan, {_bytes(least['peak'])} estimated, plus "
             f"margin={margin}), use more replicas with sharded state, a "
             "smaller model, or an optimizer with less state"
-            + _small_state_hint(least)
+            + _small_state_hint(min(_kept(considered), key=_peak))
+            + _tried_text(considered)
         )
     measured = (
         f" (x {scale:.2f}, the ratio measured/estimated by verify)"

@@ -1,0 +1,175 @@
+"""plan() shrinks the model state itself when it leaves too little memory:
+ShardedOptimizer across replicas, 8-bit or factored optimizer states; the
+OOM report says so (estimator only: no multi-device run needed)."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+
+import tfmemopt
+from tfmemopt.optimizers import Adafactor
+from tfmemopt.optimizers import Adam8bit
+from tfmemopt.optimizers import AdamW8bit
+from tfmemopt.tuning._oom import build_report
+
+MARGIN = 0.15
+
+
+def mlp(optimizer):
+    # 301,066 parameters, mostly two 512-wide matrices; tiny activations.
+    model = keras.Sequential(
+        [
+            keras.Input((64,)),
+            keras.layers.Dense(512),
+            keras.layers.Dense(512),
+            keras.layers.Dense(10),
+        ]
+    )
+    model.compile(optimizer=optimizer, loss="mse")
+    return model
+
+
+def state(est) -> int:
+    return est.parameters + est.gradients + est.optimizer_state
+
+
+def budget_for(peak) -> int:
+    """A budget in which `peak` just fits (2% above, after the margin)."""
+    return int(peak * 1.02 / (1 - MARGIN))
+
+
+@pytest.mark.parametrize(
+    "make, twin, cls",
+    [
+        (
+            lambda: keras.optimizers.AdamW(2e-3, weight_decay=0.01),
+            "AdamW8bit",
+            AdamW8bit,
+        ),
+        (lambda: keras.optimizers.Adam(2e-3), "Adam8bit", Adam8bit),
+    ],
+)
+def test_plan_switches_to_8bit_when_the_adam_state_does_not_fit(
+    make, twin, cls
+):
+    model = mlp(make())
+    adam = tfmemopt.estimate_memory(model, 8)
+    eight = tfmemopt.estimate_memory(model, 8, optimizer=cls())
+    budget = budget_for(eight.total)
+    assert state(adam) > budget  # Adam's state alone does not fit
+    p = tfmemopt.plan(model, 8, budget, replicas=1)
+    assert p.optimizer == twin and p.sharding is None
+    assert p.estimated_peak <= budget * (1 - MARGIN)
+    assert f"tfmemopt.optimizers.{twin}" in str(p)
+    # 16 bytes per parameter with Adam -> 8 + its ~2.05 bytes of state.
+    assert "16.00 bytes per parameter" in p.why
+    per = 8 + eight.optimizer_state / (eight.gradients / 4)
+    assert f"{per:.2f} bytes per parameter" in p.why
+    # Applied, the model trains with the twin, the same arguments, and the
+    # estimate of what is applied fits.
+    applied = p.apply(model)
+    assert isinstance(applied.optimizer, cls)
+    old, new = model.optimizer.get_config(), applied.optimizer.get_config()
+    for key in ("learning_rate", "weight_decay", "beta_1", "beta_2"):
+        assert new[key] == pytest.approx(old[key]), key
+    under = tfmemopt.estimate_memory(applied, 8)
+    assert under.total <= budget * (1 - MARGIN)
+    x = np.zeros((16, 64), "float32")
+    applied.fit(x, np.zeros((16, 10), "float32"), batch_size=8, verbose=0)
+    assert int(applied.optimizer.iterations) == 2
+
+
+def test_plan_switches_to_adafactor_when_8bit_does_not_fit_either():
+    model = mlp(keras.optimizers.AdamW())
+    eight = tfmemopt.estimate_memory(model, 8, optimizer=AdamW8bit())
+    factored = tfmemopt.estimate_memory(model, 8, optimizer=Adafactor())
+    budget = budget_for(factored.total)
+    assert eight.total > budget * (1 - MARGIN)
+    p = tfmemopt.plan(model, 8, budget, replicas=1)
+    assert p.optimizer == "Adafactor" and p.sharding is None
+    assert isinstance(p.apply(model).optimizer, Adafactor)
+    # Not with optimizer_state left out: then nothing fits, and the error
+    # still names the small-state optimizers.
+    with pytest.raises(ValueError, match="AdamW8bit keeps about"):
+        tfmemopt.plan(model, 8, budget, allow=("accumulation",))
+
+
+def test_plan_shards_the_state_over_four_replicas():
+    model = mlp(keras.optimizers.AdamW())
+    whole = tfmemopt.estimate_memory(model, 8, replicas=4)
+    sharded = tfmemopt.estimate_memory(
+        model,
+        8,
+        optimizer=tfmemopt.ShardedOptimizer(keras.optimizers.AdamW()),
+        replicas=4,
+    )
+    assert sharded.optimizer_state <= whole.optimizer_state / 4 + 64
+    budget = budget_for(sharded.total)
+    assert whole.total > budget * (1 - MARGIN)
+    p = tfmemopt.plan(model, 8, budget, replicas=4)
+    assert p.sharding == 1 and p.optimizer is None and p.replicas == 4
+    assert p.estimated_peak == sharded.total  # the estimate under the plan
+    assert p.estimated_peak <= budget * (1 - MARGIN)
+    assert "tfmemopt.ShardedOptimizer(AdamW, stage=1)" in str(p)
+    # 16 -> 4 + 4 + 8/4 = 10 bytes per parameter per replica (stage 1),
+    # 4 + 12/4 = 7 on paper for stage 2, from the estimates.
+    assert "16.00 bytes per parameter" in p.why
+    assert "(8.00/4, 1/4 per replica): 10.00 bytes per parameter" in p.why
+    assert "4.00 + 12.00/4 = 7.00" in p.why
+    # ShardedOptimizer must be created in the strategy's scope.
+    with pytest.raises(ValueError, match="inside `strategy.scope\\(\\)`"):
+        p.apply(model)
+    # Without "sharding" allowed: the 8-bit twin instead.
+    p8 = tfmemopt.plan(
+        model, 8, budget, replicas=4, allow=("accumulation", "optimizer_state")
+    )
+    assert p8.optimizer == "AdamW8bit" and p8.sharding is None
+    # One replica: sharding is never proposed.
+    p1 = tfmemopt.plan(model, 8, budget, replicas=1)
+    assert p1.sharding is None
+
+
+def test_plan_keeps_the_optimizer_when_the_state_fits():
+    model = mlp(keras.optimizers.AdamW())
+    p = tfmemopt.plan(model, 8, "1GiB", replicas=4)
+    assert p.optimizer is None and p.sharding is None
+    assert all(c["optimizer"] is None for c in p.considered)
+    assert "optimizer=" not in str(p)
+
+
+def test_plan_takes_replicas_from_the_active_strategy():
+    model = mlp(keras.optimizers.AdamW())
+    p = tfmemopt.plan(model, 8, "1GiB")  # no strategy: one replica
+    assert p.replicas == 1
+
+
+@pytest.mark.parametrize("replicas", [1, 4])
+def test_oom_report_names_sharding_only_with_several_replicas(replicas):
+    model = mlp(keras.optimizers.AdamW())
+    sharded = tfmemopt.estimate_memory(
+        model,
+        8,
+        optimizer=tfmemopt.ShardedOptimizer(keras.optimizers.AdamW()),
+        replicas=4,
+    )
+    budget = budget_for(sharded.total)
+    report = build_report(
+        RuntimeError("OOM when allocating tensor"),
+        model,
+        8,
+        budget,
+        "CPU:0",
+        replicas=replicas,
+    )
+    text = str(report)
+    assert report.plan is not None, report.plan_error
+    if replicas == 4:
+        assert report.plan.sharding == 1
+        assert "ShardedOptimizer(AdamW, stage=1)" in text
+        assert "1/4 per replica" in text
+    else:
+        assert "Sharded" not in text
+        assert report.plan.optimizer == "AdamW8bit"
+        assert "tfmemopt.optimizers.AdamW8bit" in text
