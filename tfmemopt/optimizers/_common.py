@@ -10,31 +10,31 @@ import keras
 import tensorflow as tf
 
 
-def check_positive_int(name: str, value) -> int:
+def _int_at_least(name: str, value, minimum: int, expected: str, hint: str):
     if (
         isinstance(value, bool)
         or not isinstance(value, numbers.Integral)
-        or value < 1
+        or value < minimum
     ):
         raise ValueError(
-            f"`{name}` must be a positive integer. Received: {name}={value!r} "
-            f"(of type {type(value).__name__}). Pass an int >= 1, e.g. "
-            f"{name}=256."
+            f"`{name}` must be {expected}. Received: {name}={value!r} "
+            f"(of type {type(value).__name__}).{hint}"
         )
     return int(value)
+
+
+def check_positive_int(name: str, value) -> int:
+    return _int_at_least(
+        name,
+        value,
+        1,
+        "a positive integer",
+        f" Pass an int >= 1, e.g. {name}=256.",
+    )
 
 
 def check_nonnegative_int(name: str, value) -> int:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, numbers.Integral)
-        or value < 0
-    ):
-        raise ValueError(
-            f"`{name}` must be an integer >= 0. Received: {name}={value!r} "
-            f"(of type {type(value).__name__})."
-        )
-    return int(value)
+    return _int_at_least(name, value, 0, "an integer >= 0", "")
 
 
 def check_open_unit(name: str, value, low_closed: bool = False) -> float:
@@ -159,3 +159,73 @@ class UpdateChain:
             return
         graph = tf.compat.v1.get_default_graph()
         self._last[device] = (graph, tf.group(*ops))
+
+
+def state_prefix(variable) -> str:
+    """The name prefix of the state made for `variable` (its path, with
+    `/` and `:` replaced)."""
+    prefix = (getattr(variable, "path", None) or variable.name).replace(
+        "/", "_"
+    )
+    return prefix.replace(":", "_")
+
+
+def all_finite(tensors) -> tf.Tensor:
+    """True when every tensor of `tensors` is finite (at least one)."""
+    tensors = list(tensors)
+    ok = tf.reduce_all(tf.math.is_finite(tensors[0]))
+    for tensor in tensors[1:]:
+        ok = tf.logical_and(ok, tf.reduce_all(tf.math.is_finite(tensor)))
+    return ok
+
+
+def masked_delta(ok, delta, dtype) -> tf.Tensor:
+    """`delta` where `ok`, else zeros, cast to the weight's `dtype`."""
+    return tf.cast(tf.where(ok, delta, tf.zeros_like(delta)), dtype)
+
+
+def assign_if(variable, value, ok):
+    """Writes `value` into `variable` where `ok` (keeps it otherwise)."""
+    return variable.assign(tf.where(ok, value, variable), read_value=False)
+
+
+class StateOptimizer(keras.optimizers.Optimizer):
+    """The steps tfmemopt's optimizers share around their own state.
+
+    `build` checks that every variable is float and makes each variable's
+    state next to it (`_add_state(variable, prefix)`, with `variable` None
+    where Keras overwrites the variable with its gradient); `update_step`
+    runs `_update(gradient, variable, target, index, learning_rate)` (which
+    returns its writes) after the previous variable's writes on the same
+    device (`self._chain`, an `UpdateChain` the subclass makes).
+    """
+
+    def build(self, var_list):
+        if self.built:
+            return
+        for var in var_list:
+            check_float_variable(type(self).__name__, var)
+        super().build(var_list)
+        strategy = tf.distribute.get_strategy()
+        for var in var_list:
+            if self._overwrite_variable_with_gradient(var):
+                self._add_state(None, None)
+                continue
+            with colocated(strategy, var):
+                self._add_state(var, state_prefix(var))
+
+    def _add_state(self, variable, prefix) -> None:
+        raise NotImplementedError
+
+    def update_step(self, gradient, variable, learning_rate):
+        index = self._get_variable_index(variable)
+        target = raw(variable)
+        device = getattr(target, "device", "") or ""
+        with tf.control_dependencies(self._chain.deps(device)):
+            writes = self._update(
+                gradient, variable, target, index, learning_rate
+            )
+        self._chain.record(device, writes)
+
+    def _update(self, gradient, variable, target, index, learning_rate):
+        raise NotImplementedError

@@ -21,7 +21,7 @@ class _State:
 
 
 @keras.saving.register_keras_serializable(package="tfmemopt")
-class Adafactor(keras.optimizers.Optimizer):
+class Adafactor(_common.StateOptimizer):
     """Adafactor whose state is a row and a column vector per matrix.
 
     For a variable of rank >= 2 with last two axes (n, m), the second moment
@@ -142,44 +142,34 @@ class Adafactor(keras.optimizers.Optimizer):
         self._state = _State()
         self._chain = _common.UpdateChain()
 
-    def build(self, var_list):
-        if self.built:
+    def _add_state(self, variable, prefix):
+        if variable is None:
+            self._state.second.append(None)
+            self._state.first.append(None)
             return
-        for var in var_list:
-            _common.check_float_variable(type(self).__name__, var)
-        super().build(var_list)
-        strategy = tf.distribute.get_strategy()
-        for var in var_list:
-            if self._overwrite_variable_with_gradient(var):
-                self._state.second.append(None)
-                self._state.first.append(None)
-                continue
-            prefix = (getattr(var, "path", None) or var.name).replace("/", "_")
-            prefix = prefix.replace(":", "_")
-            shape = tuple(var.shape)
-            with _common.colocated(strategy, var):
-                if len(shape) >= 2:
-                    second = (
-                        self.add_variable(
-                            shape[:-1], dtype="float32", name=f"{prefix}_row"
-                        ),
-                        self.add_variable(
-                            shape[:-2] + shape[-1:],
-                            dtype="float32",
-                            name=f"{prefix}_col",
-                        ),
-                    )
-                else:
-                    second = self.add_variable(
-                        shape, dtype="float32", name=f"{prefix}_v"
-                    )
-                first = None
-                if self.beta_1 is not None:
-                    first = self.add_variable(
-                        shape, dtype="float32", name=f"{prefix}_m"
-                    )
-            self._state.second.append(second)
-            self._state.first.append(first)
+        shape = tuple(variable.shape)
+        if len(shape) >= 2:
+            second = (
+                self.add_variable(
+                    shape[:-1], dtype="float32", name=f"{prefix}_row"
+                ),
+                self.add_variable(
+                    shape[:-2] + shape[-1:],
+                    dtype="float32",
+                    name=f"{prefix}_col",
+                ),
+            )
+        else:
+            second = self.add_variable(
+                shape, dtype="float32", name=f"{prefix}_v"
+            )
+        first = None
+        if self.beta_1 is not None:
+            first = self.add_variable(
+                shape, dtype="float32", name=f"{prefix}_m"
+            )
+        self._state.second.append(second)
+        self._state.first.append(first)
 
     def variable_state_bytes(self, shape, dtype="float32") -> int:
         """Bytes of state for a variable of `shape` (EMA copies aside): row
@@ -198,72 +188,60 @@ class Adafactor(keras.optimizers.Optimizer):
     def _rms(x):
         return tf.sqrt(tf.reduce_mean(tf.square(x)))
 
-    def update_step(self, gradient, variable, learning_rate):
-        index = self._get_variable_index(variable)
+    def _update(self, gradient, variable, target, index, learning_rate):
         second = self._state.second[index]
         first = self._state.first[index]
-        target = _common.raw(variable)
-        device = getattr(target, "device", "") or ""
         f32 = tf.float32
-        with tf.control_dependencies(self._chain.deps(device)):
-            step = tf.cast(self.iterations + 1, f32)
-            rho = tf.cast(learning_rate, f32)
-            if self.relative_step:
-                rho = tf.minimum(rho, tf.math.rsqrt(step))
-            alpha = rho
-            if self.scale_parameter:
-                w = tf.cast(tf.convert_to_tensor(target), f32)
-                alpha = tf.maximum(self.epsilon_2, self._rms(w)) * rho
-            grad = tf.cast(_common.densify(gradient, variable), f32)
-            grad_sq = tf.square(grad) + self.epsilon_1
-            beta2 = 1.0 - tf.pow(step, self.beta_2_decay)
-            eps = self.epsilon_1
-            if isinstance(second, tuple):
-                r_var, c_var = (_common.raw(s) for s in second)
-                r = beta2 * tf.convert_to_tensor(r_var) + (
-                    1.0 - beta2
-                ) * tf.reduce_mean(grad_sq, axis=-1)
-                c = beta2 * tf.convert_to_tensor(c_var) + (
-                    1.0 - beta2
-                ) * tf.reduce_mean(grad_sq, axis=-2)
-                row = tf.math.rsqrt(
-                    tf.maximum(r / tf.reduce_mean(r, -1, keepdims=True), eps)
-                )
-                col = tf.math.rsqrt(tf.maximum(c, eps))
-                update = grad * row[..., None] * col[..., None, :]
-                new_second = [(r_var, r), (c_var, c)]
-            else:
-                v_var = _common.raw(second)
-                v = beta2 * tf.convert_to_tensor(v_var) + (1.0 - beta2) * (
-                    grad_sq
-                )
-                update = grad * tf.math.rsqrt(tf.maximum(v, eps))
-                new_second = [(v_var, v)]
-            if self.clip_threshold is not None:
-                update = update / tf.maximum(
-                    1.0, self._rms(update) / self.clip_threshold
-                )
-            new_first = []
-            if first is not None:
-                m_var = _common.raw(first)
-                update = (
-                    self.beta_1 * tf.convert_to_tensor(m_var)
-                    + (1.0 - self.beta_1) * update
-                )
-                new_first = [(m_var, update)]
-            delta = alpha * update
-            ok = tf.reduce_all(tf.math.is_finite(delta))
-            for _, value in new_second:
-                ok = tf.logical_and(ok, tf.reduce_all(tf.math.is_finite(value)))
-            delta = tf.cast(
-                tf.where(ok, delta, tf.zeros_like(delta)), target.dtype
+        step = tf.cast(self.iterations + 1, f32)
+        rho = tf.cast(learning_rate, f32)
+        if self.relative_step:
+            rho = tf.minimum(rho, tf.math.rsqrt(step))
+        alpha = rho
+        if self.scale_parameter:
+            w = tf.cast(tf.convert_to_tensor(target), f32)
+            alpha = tf.maximum(self.epsilon_2, self._rms(w)) * rho
+        grad = tf.cast(_common.densify(gradient, variable), f32)
+        grad_sq = tf.square(grad) + self.epsilon_1
+        beta2 = 1.0 - tf.pow(step, self.beta_2_decay)
+        eps = self.epsilon_1
+        if isinstance(second, tuple):
+            r_var, c_var = (_common.raw(s) for s in second)
+            r = beta2 * tf.convert_to_tensor(r_var) + (
+                1.0 - beta2
+            ) * tf.reduce_mean(grad_sq, axis=-1)
+            c = beta2 * tf.convert_to_tensor(c_var) + (
+                1.0 - beta2
+            ) * tf.reduce_mean(grad_sq, axis=-2)
+            row = tf.math.rsqrt(
+                tf.maximum(r / tf.reduce_mean(r, -1, keepdims=True), eps)
             )
-            writes = [target.assign_sub(delta, read_value=False)]
-            for var, value in new_second + new_first:
-                writes.append(
-                    var.assign(tf.where(ok, value, var), read_value=False)
-                )
-        self._chain.record(device, writes)
+            col = tf.math.rsqrt(tf.maximum(c, eps))
+            update = grad * row[..., None] * col[..., None, :]
+            new_second = [(r_var, r), (c_var, c)]
+        else:
+            v_var = _common.raw(second)
+            v = beta2 * tf.convert_to_tensor(v_var) + (1.0 - beta2) * (grad_sq)
+            update = grad * tf.math.rsqrt(tf.maximum(v, eps))
+            new_second = [(v_var, v)]
+        if self.clip_threshold is not None:
+            update = update / tf.maximum(
+                1.0, self._rms(update) / self.clip_threshold
+            )
+        new_first = []
+        if first is not None:
+            m_var = _common.raw(first)
+            update = (
+                self.beta_1 * tf.convert_to_tensor(m_var)
+                + (1.0 - self.beta_1) * update
+            )
+            new_first = [(m_var, update)]
+        delta = alpha * update
+        ok = _common.all_finite([delta] + [v for _, v in new_second])
+        delta = _common.masked_delta(ok, delta, target.dtype)
+        writes = [target.assign_sub(delta, read_value=False)]
+        for var, value in new_second + new_first:
+            writes.append(_common.assign_if(var, value, ok))
+        return writes
 
     def get_config(self):
         config = super().get_config()

@@ -26,7 +26,7 @@ class _State:
 
 
 @keras.saving.register_keras_serializable(package="tfmemopt")
-class Adam8bit(keras.optimizers.Optimizer):
+class Adam8bit(_common.StateOptimizer):
     """Adam whose two moments are stored as 8-bit codes: ~2 bytes/parameter.
 
     Keras's `Adam` keeps two float32 moments, 8 bytes per parameter (twice a
@@ -141,53 +141,43 @@ class Adam8bit(keras.optimizers.Optimizer):
         size = int(np.prod(variable.shape, dtype=np.int64))
         return size >= max(self.min_8bit_size, 1)
 
-    def build(self, var_list):
-        if self.built:
+    def _add_state(self, variable, prefix):
+        if variable is None:
+            self._state.is_8bit.append(None)
+            self._state.slots.append(None)
             return
-        for var in var_list:
-            _common.check_float_variable(type(self).__name__, var)
-        super().build(var_list)
-        strategy = tf.distribute.get_strategy()
-        for var in var_list:
-            if self._overwrite_variable_with_gradient(var):
-                self._state.is_8bit.append(None)
-                self._state.slots.append(None)
-                continue
-            prefix = (getattr(var, "path", None) or var.name).replace("/", "_")
-            prefix = prefix.replace(":", "_")
-            size = int(np.prod(var.shape, dtype=np.int64))
-            eight = self._uses_8bit(var)
-            slots = []
-            with _common.colocated(strategy, var):
-                for slot in self._slot_names:
-                    if eight:
-                        slots.append(
-                            (
-                                self.add_variable(
-                                    (size,),
-                                    initializer=keras.initializers.Constant(
-                                        q.zero_code(slot == "m")
-                                    ),
-                                    dtype="uint8",
-                                    name=f"{prefix}_{slot}_codes",
-                                ),
-                                self.add_variable(
-                                    (q.num_blocks(size, self.block_size),),
-                                    dtype="float32",
-                                    name=f"{prefix}_{slot}_absmax",
-                                ),
-                            )
-                        )
-                    else:
-                        slots.append(
-                            self.add_variable(
-                                tuple(var.shape),
-                                dtype="float32",
-                                name=f"{prefix}_{slot}",
-                            )
-                        )
-            self._state.is_8bit.append(eight)
-            self._state.slots.append(slots)
+        size = int(np.prod(variable.shape, dtype=np.int64))
+        eight = self._uses_8bit(variable)
+        slots = []
+        for slot in self._slot_names:
+            if eight:
+                slots.append(
+                    (
+                        self.add_variable(
+                            (size,),
+                            initializer=keras.initializers.Constant(
+                                q.zero_code(slot == "m")
+                            ),
+                            dtype="uint8",
+                            name=f"{prefix}_{slot}_codes",
+                        ),
+                        self.add_variable(
+                            (q.num_blocks(size, self.block_size),),
+                            dtype="float32",
+                            name=f"{prefix}_{slot}_absmax",
+                        ),
+                    )
+                )
+            else:
+                slots.append(
+                    self.add_variable(
+                        tuple(variable.shape),
+                        dtype="float32",
+                        name=f"{prefix}_{slot}",
+                    )
+                )
+        self._state.is_8bit.append(eight)
+        self._state.slots.append(slots)
 
     def variable_state_bytes(self, shape, dtype="float32") -> int:
         """Bytes of moments this optimizer keeps for a variable of `shape`
@@ -231,35 +221,28 @@ class Adam8bit(keras.optimizers.Optimizer):
                     tf.where(ok, new_absmax, absmax), read_value=False
                 ),
             ]
-        var = _common.raw(slot)
-        return [var.assign(tf.where(ok, value, var), read_value=False)]
+        return [_common.assign_if(_common.raw(slot), value, ok)]
 
-    def update_step(self, gradient, variable, learning_rate):
-        index = self._get_variable_index(variable)
+    def _update(self, gradient, variable, target, index, learning_rate):
         eight = self._state.is_8bit[index]
         slots = self._state.slots[index]
-        target = _common.raw(variable)
-        device = getattr(target, "device", "") or ""
         f32 = tf.float32
-        with tf.control_dependencies(self._chain.deps(device)):
-            lr = tf.cast(learning_rate, f32)
-            step = tf.cast(self.iterations + 1, f32)
-            b1 = tf.cast(self.beta_1, f32)
-            b2 = tf.cast(self.beta_2, f32)
-            alpha = lr * tf.sqrt(1 - tf.pow(b2, step)) / (1 - tf.pow(b1, step))
-            lazy = self.lazy_sparse and isinstance(gradient, tf.IndexedSlices)
-            bounds = None
-            if eight and not lazy and isinstance(target, tf.Variable):
-                bounds = self._chunks(tuple(variable.shape))
-            if bounds is None:
-                writes = self._update_whole(
-                    gradient, variable, target, slots, eight, alpha, lazy
-                )
-            else:
-                writes = self._update_chunks(
-                    gradient, variable, target, slots, alpha, bounds
-                )
-        self._chain.record(device, writes)
+        lr = tf.cast(learning_rate, f32)
+        step = tf.cast(self.iterations + 1, f32)
+        b1 = tf.cast(self.beta_1, f32)
+        b2 = tf.cast(self.beta_2, f32)
+        alpha = lr * tf.sqrt(1 - tf.pow(b2, step)) / (1 - tf.pow(b1, step))
+        lazy = self.lazy_sparse and isinstance(gradient, tf.IndexedSlices)
+        bounds = None
+        if eight and not lazy and isinstance(target, tf.Variable):
+            bounds = self._chunks(tuple(variable.shape))
+        if bounds is None:
+            return self._update_whole(
+                gradient, variable, target, slots, eight, alpha, lazy
+            )
+        return self._update_chunks(
+            gradient, variable, target, slots, alpha, bounds
+        )
 
     # Elements per piece of a large 8-bit variable: its float32 temporaries
     # (about 14 bytes per element) stay near 3.5 MiB whatever the
@@ -296,74 +279,22 @@ class Adam8bit(keras.optimizers.Optimizer):
         grad = _common.densify(gradient, variable)
         inner = int(np.prod(variable.shape[1:], dtype=np.int64))
         device = getattr(target, "device", "") or ""
-        deps, oks = [], []
-        for r0, r1 in bounds:
-            with tf.control_dependencies(deps):
-                # |g| < 1e19: finite, and g*g cannot overflow float32.
-                piece = tf.abs(tf.cast(grad[r0:r1], tf.float32))
-                ok = tf.reduce_all(piece < 1e19)
-            oks.append(ok)
-            deps = [ok]
-        ok_all = tf.reduce_all(tf.stack(oks))
+        ok_all = self._pieces_finite(grad, bounds)
         writes, deltas, deps = [], [], [ok_all]
-        bs = self.block_size
         # A zero known only at run time: grappler would otherwise fold each
         # piece's index range into a constant kept with the graph (4 bytes
         # per element of every large variable, resident between steps).
         zero = tf.cast(tf.minimum(self.iterations, 0), tf.int32)
         for r0, r1 in bounds:
             with tf.control_dependencies(deps):
-                f0, f1 = r0 * inner, r1 * inner
-                b0, b1 = f0 // bs, -(-f1 // bs)
-                flat_rows = tf.range(zero + f0, zero + f1)
-                block_rows = tf.range(zero + b0, zero + b1)
+                flat = (zero, r0 * inner, r1 * inner)
                 g = tf.reshape(tf.cast(grad[r0:r1], tf.float32), [-1])
-                old = [
-                    (
-                        tf.reshape(
-                            _common.local(codes, device).sparse_read(flat_rows),
-                            [f1 - f0],
-                        ),
-                        tf.reshape(
-                            _common.local(absmax, device).sparse_read(
-                                block_rows
-                            ),
-                            [b1 - b0],
-                        ),
-                    )
-                    for codes, absmax in slots
-                ]
-                state = [
-                    q.dequantize(c, a, bs, name == "m")
-                    for (c, a), name in zip(old, self._slot_names)
-                ]
-                new = self._adam(g, state)
-                delta = alpha * new[0] / (tf.sqrt(new[-1]) + self.epsilon)
-                ok = tf.logical_and(
-                    ok_all, tf.reduce_all(tf.math.is_finite(delta))
+                piece, delta = self._update_piece(
+                    g, slots, device, flat, alpha, ok_all
                 )
-                deltas.append(tf.where(ok, delta, tf.zeros_like(delta)))
-                piece = []
-                for slot, (c_old, a_old), name, value in zip(
-                    slots, old, self._slot_names, new
-                ):
-                    codes, absmax = q.quantize(value, bs, name == "m")
-                    piece.append(
-                        _common.local(slot[0], device).scatter_update(
-                            tf.IndexedSlices(
-                                tf.where(ok, codes, c_old), flat_rows
-                            )
-                        )
-                    )
-                    piece.append(
-                        _common.local(slot[1], device).scatter_update(
-                            tf.IndexedSlices(
-                                tf.where(ok, absmax, a_old), block_rows
-                            )
-                        )
-                    )
+            deltas.append(delta)
             writes += piece
-            deps = piece + [deltas[-1]]
+            deps = piece + [delta]
         with tf.control_dependencies(deps):
             delta = tf.reshape(tf.concat(deltas, 0), variable.shape)
             writes.append(
@@ -372,6 +303,67 @@ class Adam8bit(keras.optimizers.Optimizer):
                 )
             )
         return writes
+
+    @staticmethod
+    def _pieces_finite(grad, bounds):
+        """The first pass of `_update_chunks`: whether the whole gradient
+        is finite, read a piece at a time (one piece's temporaries)."""
+        deps, oks = [], []
+        for r0, r1 in bounds:
+            with tf.control_dependencies(deps):
+                # |g| < 1e19: finite, and g*g cannot overflow float32.
+                piece = tf.abs(tf.cast(grad[r0:r1], tf.float32))
+                ok = tf.reduce_all(piece < 1e19)
+            oks.append(ok)
+            deps = [ok]
+        return tf.reduce_all(tf.stack(oks))
+
+    def _update_piece(self, g, slots, device, flat, alpha, ok_all):
+        """One piece of `_update_chunks`: the flat elements `f0:f1` (`flat`
+        is `(zero, f0, f1)`) of the 8-bit moments read, updated with the
+        flat gradient piece `g` and written back where finite. Returns the
+        writes and the piece's (masked) weight delta."""
+        zero, f0, f1 = flat
+        bs = self.block_size
+        b0, b1 = f0 // bs, -(-f1 // bs)
+        flat_rows = tf.range(zero + f0, zero + f1)
+        block_rows = tf.range(zero + b0, zero + b1)
+        old = [
+            (
+                tf.reshape(
+                    _common.local(codes, device).sparse_read(flat_rows),
+                    [f1 - f0],
+                ),
+                tf.reshape(
+                    _common.local(absmax, device).sparse_read(block_rows),
+                    [b1 - b0],
+                ),
+            )
+            for codes, absmax in slots
+        ]
+        state = [
+            q.dequantize(c, a, bs, name == "m")
+            for (c, a), name in zip(old, self._slot_names)
+        ]
+        new = self._adam(g, state)
+        delta = alpha * new[0] / (tf.sqrt(new[-1]) + self.epsilon)
+        ok = tf.logical_and(ok_all, tf.reduce_all(tf.math.is_finite(delta)))
+        piece = []
+        for slot, (c_old, a_old), name, value in zip(
+            slots, old, self._slot_names, new
+        ):
+            codes, absmax = q.quantize(value, bs, name == "m")
+            piece.append(
+                _common.local(slot[0], device).scatter_update(
+                    tf.IndexedSlices(tf.where(ok, codes, c_old), flat_rows)
+                )
+            )
+            piece.append(
+                _common.local(slot[1], device).scatter_update(
+                    tf.IndexedSlices(tf.where(ok, absmax, a_old), block_rows)
+                )
+            )
+        return piece, tf.where(ok, delta, tf.zeros_like(delta))
 
     def _update_whole(
         self, gradient, variable, target, slots, eight, alpha, lazy
@@ -392,15 +384,13 @@ class Adam8bit(keras.optimizers.Optimizer):
             old = state
         new = self._adam(grad, old)
         delta = alpha * new[0] / (tf.sqrt(new[-1]) + self.epsilon)
-        ok = tf.reduce_all(tf.math.is_finite(delta))
-        for moment in new:
-            ok = tf.logical_and(ok, tf.reduce_all(tf.math.is_finite(moment)))
+        ok = _common.all_finite([delta] + new)
         if lazy:
             new = [
                 tf.tensor_scatter_nd_update(s, rows_2d, n)
                 for s, n in zip(state, new)
             ]
-        delta = tf.cast(tf.where(ok, delta, tf.zeros_like(delta)), target.dtype)
+        delta = _common.masked_delta(ok, delta, target.dtype)
         if lazy:
             writes = [target.scatter_sub(tf.IndexedSlices(delta, rows))]
         else:
@@ -519,33 +509,25 @@ class AdamW8bit(Adam8bit):
     >>> opt = tfmemopt.optimizers.AdamW8bit(1e-3, weight_decay=0.01)
     """
 
+    # After `weight_decay`, the arguments (positional ones too) are
+    # Adam8bit's in its order: beta_1, beta_2, epsilon, amsgrad, block_size,
+    # min_8bit_size, lazy_sparse.
+    _POSITIONAL = 7
+
     def __init__(
-        self,
-        learning_rate=0.001,
-        weight_decay=0.004,
-        beta_1=0.9,
-        beta_2=0.999,
-        epsilon=1e-7,
-        amsgrad=False,
-        block_size=256,
-        min_8bit_size=4096,
-        lazy_sparse=False,
-        **kwargs,
+        self, learning_rate=0.001, weight_decay=0.004, *args, **kwargs
     ):
         if weight_decay is None:
             raise ValueError(
                 "`weight_decay` must be a float for AdamW8bit. Received: "
                 "weight_decay=None. Use Adam8bit for no weight decay."
             )
+        if len(args) > self._POSITIONAL:
+            raise TypeError(
+                f"AdamW8bit takes at most {self._POSITIONAL + 2} positional "
+                f"arguments; received {len(args) + 2}. Pass the others by "
+                "keyword, e.g. clipnorm=1.0."
+            )
         super().__init__(
-            learning_rate=learning_rate,
-            beta_1=beta_1,
-            beta_2=beta_2,
-            epsilon=epsilon,
-            amsgrad=amsgrad,
-            block_size=block_size,
-            min_8bit_size=min_8bit_size,
-            lazy_sparse=lazy_sparse,
-            weight_decay=weight_decay,
-            **kwargs,
+            learning_rate, *args, weight_decay=weight_decay, **kwargs
         )
