@@ -72,6 +72,35 @@ def model_arguments(parser, input_sizes: bool = True) -> None:
     )
 
 
+def json_argument(parser, instead_of: str = "text") -> None:
+    """`--json`: print JSON instead of `instead_of`."""
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help=f"print JSON instead of {instead_of}",
+    )
+
+
+def sizes_and_model(args, command: str, load: Callable, check=None):
+    """The first steps of a command that loads a model.
+
+    Reads `--seq-len`/`--input-shape` (then runs `check()`, which may raise
+    ValueError for the command's own arguments) and loads the model with
+    `load(args, command)`. Returns `(sizes, model)`, or the exit code 2
+    after saying on stderr what is wrong.
+    """
+    try:
+        sizes = input_sizes(args)
+        if check is not None:
+            check()
+    except ValueError as e:
+        return bad_input(command, e)
+    model = load(args, command)
+    if model is None:
+        return 2
+    return sizes, model
+
+
 def input_sizes(args) -> dict:
     """`estimate_memory`'s `input_shape`/`sequence_length` from `args`
     (ValueError for a malformed `--input-shape`)."""

@@ -26,9 +26,10 @@ import sys
 from tfmemopt.cli import _plan  # noqa: F401 - registers its subcommands
 from tfmemopt.cli._commands import COMMANDS
 from tfmemopt.cli._commands import bad_input
-from tfmemopt.cli._commands import input_sizes
+from tfmemopt.cli._commands import json_argument
 from tfmemopt.cli._commands import load_saved_model
 from tfmemopt.cli._commands import model_arguments
+from tfmemopt.cli._commands import sizes_and_model
 from tfmemopt.cli._commands import subcommand
 
 _INSTALL = {
@@ -54,6 +55,10 @@ def _checkpointing_arg(value: str):
     if value.isdigit():
         return int(value)
     return value
+
+
+def _load(args, command: str):
+    return load_saved_model(args.model, command, imports=args.imports)
 
 
 def _estimate_arguments(parser):
@@ -89,9 +94,7 @@ def _estimate_arguments(parser):
         default=1,
         help="data-parallel replicas sharing the batch (default: 1)",
     )
-    parser.add_argument(
-        "--json", action="store_true", help="print JSON instead of a table"
-    )
+    json_argument(parser, "a table")
 
 
 @subcommand(
@@ -100,13 +103,10 @@ def _estimate_arguments(parser):
     _estimate_arguments,
 )
 def _estimate(args) -> int:
-    try:
-        sizes = input_sizes(args)
-    except ValueError as e:
-        return bad_input("estimate", e)
-    model = load_saved_model(args.model, "estimate", imports=args.imports)
-    if model is None:
-        return 2
+    loaded = sizes_and_model(args, "estimate", _load)
+    if isinstance(loaded, int):
+        return loaded
+    sizes, model = loaded
     from tfmemopt.estimate import estimate_memory
 
     try:
@@ -192,7 +192,17 @@ def doctor_report() -> dict:
             report["auto_policy"] = {"policy": policy, "why": why}
         except Exception as e:  # doctor reports, it never crashes
             report["auto_policy"] = {"policy": None, "why": repr(e)}
+    report["sharding"] = _sharding(report["devices"])
     return report
+
+
+def _sharding(devices) -> dict | None:
+    """With several accelerators: the estimator's bytes per parameter
+    with and without `ShardedOptimizer` (Adam), else `None`."""
+    from tfmemopt.tuning._state_options import sharding_per_parameter
+
+    count = sum(1 for d in devices if not d["device"].startswith("CPU"))
+    return sharding_per_parameter("adam", count) if count > 1 else None
 
 
 def _doctor_text(report: dict) -> str:
@@ -230,6 +240,10 @@ def _doctor_text(report: dict) -> str:
     else:
         lines.append(f"configure('auto') would choose {auto['policy']}")
         lines.append(f"  because: {auto['why']}")
+    if report.get("sharding"):
+        from tfmemopt.tuning._state_options import sharding_lines
+
+        lines.extend(sharding_lines(report["sharding"]))
     if report["missing"]:
         lines.append("Missing (install for):")
         for package, why in report["missing"].items():

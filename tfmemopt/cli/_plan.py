@@ -5,12 +5,19 @@ from __future__ import annotations
 import json
 
 from tfmemopt.cli._commands import bad_input
-from tfmemopt.cli._commands import input_sizes
+from tfmemopt.cli._commands import json_argument
 from tfmemopt.cli._commands import load_saved_model
 from tfmemopt.cli._commands import model_arguments
+from tfmemopt.cli._commands import sizes_and_model
 from tfmemopt.cli._commands import subcommand
 
-_ALLOW = ("accumulation", "checkpointing", "mixed_precision")
+_ALLOW = (
+    "accumulation",
+    "checkpointing",
+    "mixed_precision",
+    "sharding",
+    "optimizer_state",
+)
 
 
 def _load(args, command: str):
@@ -121,9 +128,7 @@ def _find_arguments(parser):
         help=".npz with arrays x and y (default: random inputs of the "
         "model's shapes)",
     )
-    parser.add_argument(
-        "--json", action="store_true", help="print JSON instead of text"
-    )
+    json_argument(parser)
 
 
 @subcommand(
@@ -132,13 +137,10 @@ def _find_arguments(parser):
     _find_arguments,
 )
 def _find(args) -> int:
-    try:
-        sizes = input_sizes(args)
-    except ValueError as e:
-        return bad_input("find-batch-size", e)
-    model = _load(args, "find-batch-size")
-    if model is None:
-        return 2
+    loaded = sizes_and_model(args, "find-batch-size", _load)
+    if isinstance(loaded, int):
+        return loaded
+    sizes, model = loaded
     from tfmemopt.tuning._batch_size import find_batch_size
 
     try:
@@ -212,11 +214,13 @@ def _plan_arguments(parser):
         "--allow",
         default=",".join(_ALLOW),
         help="comma-separated techniques the plan may use, from: "
-        f"{', '.join(_ALLOW)} (default: all)",
+        f"{', '.join(_ALLOW)} (default: all). sharding: wrap the optimizer "
+        "in tfmemopt.ShardedOptimizer (1/R of its state per replica, needs "
+        "--replicas > 1); optimizer_state: switch to an 8-bit or factored "
+        "optimizer (AdamW8bit/Adam8bit, Adafactor) when the model state "
+        "leaves too little memory",
     )
-    parser.add_argument(
-        "--json", action="store_true", help="print JSON instead of text"
-    )
+    json_argument(parser)
 
 
 @subcommand(
@@ -227,18 +231,18 @@ def _plan_arguments(parser):
 def _plan(args) -> int:
     allow = tuple(a.strip() for a in args.allow.split(",") if a.strip())
     unknown = [a for a in allow if a not in _ALLOW]
-    try:
-        sizes = input_sizes(args)
+
+    def check_allow():
         if unknown:
             raise ValueError(
                 f"--allow takes names from {', '.join(_ALLOW)}. Received: "
                 f"{args.allow!r} (unknown: {', '.join(unknown)})."
             )
-    except ValueError as e:
-        return bad_input("plan", e)
-    model = _load(args, "plan")
-    if model is None:
-        return 2
+
+    loaded = sizes_and_model(args, "plan", _load, check_allow)
+    if isinstance(loaded, int):
+        return loaded
+    sizes, model = loaded
     from tfmemopt.tuning._planner import plan
 
     try:
