@@ -173,3 +173,31 @@ def test_oom_report_names_sharding_only_with_several_replicas(replicas):
         assert "Sharded" not in text
         assert report.plan.optimizer == "AdamW8bit"
         assert "tfmemopt.optimizers.AdamW8bit" in text
+
+
+def test_cli_plan_allows_sharding_and_optimizer_state(tmp_path, capsys):
+    import json
+
+    from tfmemopt.cli import _main as cli
+
+    model = mlp(keras.optimizers.AdamW())
+    path = str(tmp_path / "m.keras")
+    model.save(path)
+    sharded = tfmemopt.estimate_memory(
+        model,
+        8,
+        optimizer=tfmemopt.ShardedOptimizer(keras.optimizers.AdamW()),
+        replicas=4,
+    )
+    memory = str(budget_for(sharded.total))
+    args = ["plan", path, "--batch-size", "8", "--memory", memory, "--json"]
+    assert cli.main(args + ["--replicas", "4"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["sharding"] == 1 and out["optimizer"] is None
+    allow = ["--allow", "accumulation,optimizer_state", "--replicas", "4"]
+    assert cli.main(args + allow) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["optimizer"] == "AdamW8bit" and out["sharding"] is None
+    # Only shrinking activations: nothing fits, the error names them.
+    assert cli.main(args + ["--allow", "accumulation"]) == 2
+    assert "AdamW8bit keeps about" in capsys.readouterr().err

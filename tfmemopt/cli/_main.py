@@ -202,7 +202,12 @@ def _sharding(devices) -> dict | None:
     from tfmemopt.tuning._state_options import sharding_per_parameter
 
     count = sum(1 for d in devices if not d["device"].startswith("CPU"))
-    return sharding_per_parameter("adam", count) if count > 1 else None
+    if count < 2:
+        return None
+    try:
+        return sharding_per_parameter("adam", count)
+    except Exception:  # noqa: BLE001 - doctor reports, it never crashes
+        return None
 
 
 def _doctor_text(report: dict) -> str:

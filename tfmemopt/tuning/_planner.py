@@ -579,4 +579,20 @@ def _raise_no_fit(considered, budget, global_batch_size, scale, margin):
         "checkpointing "
         + ("too" if any(c["checkpointing"] for c in considered) else "off")
         + ")."
+        + _state_over_limit(considered, budget * (1 - margin))
+    )
+
+
+def _state_over_limit(considered, limit) -> str:
+    """Names the small-state optimizers when the model state alone is over
+    the budget less margin (only shrinking activations cannot fit)."""
+    kept = min(_kept(considered), key=_peak)
+    if kept["state"] <= limit:
+        return ""
+    return (
+        f" The weights, gradients and optimizer state alone take "
+        f"{_bytes(kept['state'])}, more than that: allow 'optimizer_state' "
+        "or 'sharding', or use an optimizer with less state"
+        + _small_state_hint(kept)
+        + _tried_text(considered)
     )
