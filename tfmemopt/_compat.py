@@ -66,6 +66,22 @@ def caller_instance(kind: type, depth: int = 1, skip: int = 0):
     `loss_scale_factor` from its `__init__`), and the model whose
     `jit_compile` decides whether building the optimizer is refused.
     CPython frames (`sys._getframe`).
+
+    Why the stack (Keras 3.15, TF 2.21; looked for in #15):
+    `LossScaleOptimizer.__init__` does `self.inner_optimizer = inner` (the
+    trackable link goes from the wrapper down; the inner object is not told)
+    and then `inner.loss_scale_factor = None`, the one thing it does to its
+    inner optimizer, without saying who; its `build` and `apply` call the
+    inner's without an argument naming it, and its non-finite branch never
+    reaches the inner optimizer, so `AccumulatingOptimizer` cannot learn of
+    it lazily either. A user may wrap it by hand in a custom loop (no model,
+    no `compile`), so a hook in `tfmemopt.Model.compile` would miss cases
+    the tests cover. Likewise `Trainer._symbolic_build`/`train_step` call
+    `optimizer.build`/`apply` without the model, and a traced function
+    does not say publicly that it is XLA-compiled. The other ways, each
+    worse: `gc.get_referrers` (a heap scan, also interpreter
+    introspection), or patching `LossScaleOptimizer`/`keras.Model` for
+    every user of Keras.
     """
     frame = sys._getframe(2 + skip)
     for _ in range(depth):

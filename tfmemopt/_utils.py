@@ -66,3 +66,45 @@ def format_mib(n, missing: str = "-", unit: bool = True) -> str:
     if n is None:
         return missing
     return f"{n / MIB:,.1f}" + (" MiB" if unit else "")
+
+
+class ForwardsToInner:
+    """What a wrapper optimizer forwards to `self.inner_optimizer`, as
+    Keras's `LossScaleOptimizer` does: the learning rate (read and set),
+    the update count and the loss scaling; and the config step of such a
+    wrapper (`_wrapper_config`, `from_config`). Put it before
+    `keras.optimizers.Optimizer` among the bases."""
+
+    @property
+    def learning_rate(self):
+        return self.inner_optimizer.learning_rate
+
+    @learning_rate.setter
+    def learning_rate(self, learning_rate):
+        self.inner_optimizer.learning_rate = learning_rate
+
+    @property
+    def iterations(self):
+        """Updates applied to the weights (the inner optimizer's count)."""
+        return self.inner_optimizer.iterations
+
+    def scale_loss(self, loss):
+        return self.inner_optimizer.scale_loss(loss)
+
+    def _wrapper_config(self, **config) -> dict:
+        """The config of the wrapper: its name, the serialized inner
+        optimizer (read back by `pop_keras_object`) and `config`."""
+        return {
+            "name": self.name,
+            "inner_optimizer": keras.saving.serialize_keras_object(
+                self.inner_optimizer
+            ),
+            **config,
+        }
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        inner, config = pop_keras_object(
+            config, "inner_optimizer", custom_objects
+        )
+        return cls(inner, **config)

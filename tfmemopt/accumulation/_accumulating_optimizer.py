@@ -22,12 +22,12 @@ import tensorflow as tf
 from keras import ops
 
 from tfmemopt._compat import caller_instance
-from tfmemopt._utils import pop_keras_object
+from tfmemopt._utils import ForwardsToInner
 from tfmemopt.accumulation import _accumulation_hooks as hooks
 
 
 @keras.saving.register_keras_serializable(package="tfmemopt")
-class AccumulatingOptimizer(keras.optimizers.Optimizer):
+class AccumulatingOptimizer(ForwardsToInner, keras.optimizers.Optimizer):
     """Applies the mean gradient of every `accumulation_steps` micro-steps.
 
     Use it when one step cannot hold the batch and the micro-batches come
@@ -167,26 +167,13 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
     def variables(self):
         return self._variables[:] + self.inner_optimizer.variables
 
-    @property
-    def learning_rate(self):
-        return self.inner_optimizer.learning_rate
-
-    @learning_rate.setter
-    def learning_rate(self, learning_rate):
-        self.inner_optimizer.learning_rate = learning_rate
-
-    @property
-    def iterations(self):
-        """Number of updates applied (not micro-steps)."""
-        return self.inner_optimizer.iterations
+    # learning_rate, iterations (updates applied, not micro-steps) and
+    # scale_loss: the inner optimizer's (ForwardsToInner).
 
     @property
     def micro_step(self):
         """Micro-steps accumulated in the current window (0 at its start)."""
         return self._micro_step
-
-    def scale_loss(self, loss):
-        return self.inner_optimizer.scale_loss(loss)
 
     def apply_gradients(self, grads_and_vars, num_items=None):
         """Accumulates one micro-step; applies the window at its end.
@@ -367,17 +354,4 @@ class AccumulatingOptimizer(keras.optimizers.Optimizer):
         ops.cond(ops.greater(self.iterations, 0), finalize, lambda: None)
 
     def get_config(self):
-        return {
-            "name": self.name,
-            "inner_optimizer": keras.saving.serialize_keras_object(
-                self.inner_optimizer
-            ),
-            "accumulation_steps": self.accumulation_steps,
-        }
-
-    @classmethod
-    def from_config(cls, config, custom_objects=None):
-        inner, config = pop_keras_object(
-            config, "inner_optimizer", custom_objects
-        )
-        return cls(inner, **config)
+        return self._wrapper_config(accumulation_steps=self.accumulation_steps)

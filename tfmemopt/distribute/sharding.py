@@ -7,6 +7,7 @@ import warnings
 import keras
 import tensorflow as tf
 
+from tfmemopt._utils import ForwardsToInner
 from tfmemopt.distribute import _shard_state
 from tfmemopt.distribute._shard_layout import Layout
 from tfmemopt.distribute._shard_layout import ParamRef
@@ -42,7 +43,7 @@ def _on_read(next_creator, **kwargs):
 
 
 @keras.saving.register_keras_serializable(package="tfmemopt")
-class ShardedOptimizer(keras.optimizers.Optimizer):
+class ShardedOptimizer(ForwardsToInner, keras.optimizers.Optimizer):
     """Partitions an optimizer's state across the replicas (ZeRO 1 and 2).
 
     Under `MirroredStrategy` or `MultiWorkerMirroredStrategy` every replica
@@ -131,18 +132,7 @@ class ShardedOptimizer(keras.optimizers.Optimizer):
         self._plan = None
 
     # -- forwarding, as LossScaleOptimizer does -------------------------
-    @property
-    def learning_rate(self):
-        return self.inner_optimizer.learning_rate
-
-    @learning_rate.setter
-    def learning_rate(self, learning_rate):
-        self.inner_optimizer.learning_rate = learning_rate
-
-    @property
-    def iterations(self):
-        return self.inner_optimizer.iterations
-
+    # learning_rate, iterations and scale_loss: ForwardsToInner.
     @property
     def variables(self):
         return []
@@ -156,9 +146,6 @@ class ShardedOptimizer(keras.optimizers.Optimizer):
     def replicas(self) -> int:
         """Replicas the state is cut into (1 until built, or unsharded)."""
         return 1 if self._plan is None else self._plan.replicas
-
-    def scale_loss(self, loss):
-        return self.inner_optimizer.scale_loss(loss)
 
     # -- build ------------------------------------------------------------
     def build(self, var_list):
@@ -285,21 +272,7 @@ class ShardedOptimizer(keras.optimizers.Optimizer):
 
     # -- config ------------------------------------------------------------
     def get_config(self):
-        return {
-            "name": self.name,
-            "inner_optimizer": keras.saving.serialize_keras_object(
-                self.inner_optimizer
-            ),
-            "stage": self.stage,
-        }
-
-    @classmethod
-    def from_config(cls, config, custom_objects=None):
-        config = dict(config)
-        inner = keras.saving.deserialize_keras_object(
-            config.pop("inner_optimizer"), custom_objects=custom_objects
-        )
-        return cls(inner, **config)
+        return self._wrapper_config(stage=self.stage)
 
 
 def _nothing(store):
@@ -502,11 +475,9 @@ def _clip(inner, parts, sq):
     return parts
 
 
-def _sharded_apply(opt, grads, variables):
-    inner = opt.inner_optimizer
-    plan = opt._plan
-    ctx = tf.distribute.get_replica_context()
-    r = _shard_state.replica_id(ctx)
+def _gradient_pairs(inner, plan, grads, variables):
+    """`(gradient, index of its parameter in plan.params)` for every
+    gradient that is not None."""
     index = {inner._var_key(p): i for i, p in enumerate(plan.params)}
     pairs = []
     for g, v in zip(grads, variables):
@@ -521,6 +492,59 @@ def _sharded_apply(opt, grads, variables):
         pairs.append((g, index[key]))
     if not pairs:
         raise ValueError("No gradients provided for any variable.")
+    return pairs
+
+
+def _advance_nadam(inner):
+    """Nadam keeps a running product outside update_step."""
+    u = inner._u_product
+    dtype = u.dtype
+    inner.assign(
+        u,
+        u
+        * inner.beta_1
+        * (
+            1.0
+            - 0.5
+            * keras.ops.power(0.96, keras.ops.cast(inner.iterations + 1, dtype))
+        ),
+    )
+
+
+def _local_update(inner, plan, pairs, parts, current, lr):
+    """The inner optimizer's step on this replica's partition (`current`,
+    flat local pieces of the parameters; `parts`, their gradient pieces):
+    the new local pieces."""
+    views = [ParamView(ref, x) for ref, x in zip(plan.refs, current)]
+    if isinstance(inner, keras.optimizers.Nadam):
+        _advance_nadam(inner)
+    if inner.weight_decay is not None:
+        for _, i in pairs:
+            if inner._use_weight_decay(plan.params[i]):
+                view = views[i]
+                rate = tf.cast(lr, view.dtype)
+                wd = tf.cast(inner.weight_decay, view.dtype)
+                view.assign_sub(view.value * wd * rate)
+    for g, (_, i) in zip(parts, pairs):
+        inner.update_step(g, views[i], lr)
+    new = [view.value for view in views]
+    if inner.use_ema:
+        inner._update_model_variables_moving_average(views)
+        if inner.ema_overwrite_frequency:
+            overwrite = tf.equal(
+                (inner.iterations + 1) % inner.ema_overwrite_frequency, 0
+            )
+            averages = [tf.convert_to_tensor(a) for a in _averages(inner)]
+            new = [tf.where(overwrite, a, n) for a, n in zip(averages, new)]
+    return new
+
+
+def _sharded_apply(opt, grads, variables):
+    inner = opt.inner_optimizer
+    plan = opt._plan
+    ctx = tf.distribute.get_replica_context()
+    r = _shard_state.replica_id(ctx)
+    pairs = _gradient_pairs(inner, plan, grads, variables)
     flats = [_dense_flat(g) for g, _ in pairs]
     if inner.loss_scale_factor is not None:
         flats = [f / inner.loss_scale_factor for f in flats]
@@ -538,42 +562,7 @@ def _sharded_apply(opt, grads, variables):
     lr = inner.learning_rate
 
     def update():
-        views = [ParamView(ref, x) for ref, x in zip(plan.refs, current)]
-        if isinstance(inner, keras.optimizers.Nadam):
-            # Nadam keeps a running product outside update_step.
-            u = inner._u_product
-            dtype = u.dtype
-            inner.assign(
-                u,
-                u
-                * inner.beta_1
-                * (
-                    1.0
-                    - 0.5
-                    * keras.ops.power(
-                        0.96, keras.ops.cast(inner.iterations + 1, dtype)
-                    )
-                ),
-            )
-        if inner.weight_decay is not None:
-            for _, i in pairs:
-                if inner._use_weight_decay(plan.params[i]):
-                    view = views[i]
-                    rate = tf.cast(lr, view.dtype)
-                    wd = tf.cast(inner.weight_decay, view.dtype)
-                    view.assign_sub(view.value * wd * rate)
-        for g, (_, i) in zip(parts, pairs):
-            inner.update_step(g, views[i], lr)
-        new = [view.value for view in views]
-        if inner.use_ema:
-            inner._update_model_variables_moving_average(views)
-            if inner.ema_overwrite_frequency:
-                overwrite = tf.equal(
-                    (inner.iterations + 1) % inner.ema_overwrite_frequency, 0
-                )
-                averages = [tf.convert_to_tensor(a) for a in _averages(inner)]
-                new = [tf.where(overwrite, a, n) for a, n in zip(averages, new)]
-        return new
+        return _local_update(inner, plan, pairs, parts, current, lr)
 
     new = tf.cond(finite, update, lambda: list(current))
     if not isinstance(new, (list, tuple)):
