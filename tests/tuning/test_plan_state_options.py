@@ -201,3 +201,48 @@ def test_cli_plan_allows_sharding_and_optimizer_state(tmp_path, capsys):
     # Only shrinking activations: nothing fits, the error names them.
     assert cli.main(args + ["--allow", "accumulation"]) == 2
     assert "AdamW8bit keeps about" in capsys.readouterr().err
+
+
+_MIRRORED = """
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(
+    cpu, [tf.config.LogicalDeviceConfiguration()] * 2
+)
+import keras, numpy as np, tfmemopt
+strategy = tf.distribute.MirroredStrategy(["CPU:0", "CPU:1"])
+with strategy.scope():
+    m = keras.Sequential([keras.Input((64,)), keras.layers.Dense(512),
+                          keras.layers.Dense(512), keras.layers.Dense(10)])
+    m.compile(optimizer=keras.optimizers.AdamW(1e-3), loss="mse")
+sharded = tfmemopt.ShardedOptimizer(keras.optimizers.AdamW())
+est = tfmemopt.estimate_memory(m, 8, optimizer=sharded, replicas=2)
+p = tfmemopt.plan(m, 8, int(est.total * 1.02 / 0.85))  # outside the scope
+assert p.replicas == 2 and p.sharding == 1, p
+with strategy.scope():
+    a = p.apply(m)
+assert type(a.optimizer.inner_optimizer).__name__ == "AdamW"
+before = [w.copy() for w in a.get_weights()]
+a.fit(np.ones((16, 64), "float32"), np.ones((16, 10), "float32"),
+      batch_size=8, verbose=0)
+assert any(np.abs(b - w).max() > 0 for b, w in zip(before, a.get_weights()))
+print("OK", p.estimated_peak)
+"""
+
+
+def test_sharded_plan_applies_and_trains_under_mirrored_strategy():
+    # Two logical CPUs must be set before TensorFlow starts: a subprocess.
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run(
+        [sys.executable, "-c", _MIRRORED],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "OK" in proc.stdout

@@ -26,7 +26,7 @@ from tfmemopt.estimate import estimate_memory
 from tfmemopt.tuning._errors import first_line
 from tfmemopt.tuning._errors import is_oom
 from tfmemopt.tuning._planner import plan
-from tfmemopt.tuning._state_options import strategy_replicas
+from tfmemopt.tuning._state_options import replicas_of
 from tfmemopt.tuning._trials import default_device
 
 
@@ -132,7 +132,7 @@ def build_report(
         )
         return report
     try:
-        replicas = replicas or _replicas(model)
+        replicas = replicas or replicas_of(model)
         report.estimate = estimate_memory(
             model,
             batch_size,
@@ -157,13 +157,6 @@ def build_report(
     except Exception as e:  # noqa: BLE001
         report.plan_error = f"{type(e).__name__}: {e}"
     return report
-
-
-def _replicas(model) -> int:
-    """Replicas of the model's strategy (else the active one's)."""
-    strategy = getattr(model, "distribute_strategy", None)
-    count = getattr(strategy, "num_replicas_in_sync", None)
-    return int(count) if count else strategy_replicas()
 
 
 def fit_batch_size(args: tuple, kwargs: dict) -> int | None:

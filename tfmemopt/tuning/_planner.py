@@ -238,9 +238,11 @@ def plan(
             optimizer in `ShardedOptimizer` (needs replicas > 1);
             `"optimizer_state"` lets it switch to an 8-bit or factored
             optimizer (other updates: drop it to keep yours).
-        replicas: Int or `None`, defaults to `None`: the active
-            `tf.distribute` strategy's `num_replicas_in_sync` (1 outside
-            any strategy).
+        replicas: Int or `None`, defaults to `None`: the
+            `num_replicas_in_sync` of the `tf.distribute` strategy the model
+            was built under (else the active one's; 1 without a strategy).
+            Call `plan` outside `strategy.scope()` (the estimator traces the
+            model there) and `Plan.apply` inside it.
         multiple_of: Int, defaults to `8`: preferred micro-batch alignment.
         verify: Bool, defaults to `False`: measure the applied plan on this
             device (needs `data` and a compiled model; changes nothing).
@@ -274,7 +276,7 @@ def plan(
     allow = _allow_tuple(allow)
     check_int("global_batch_size", global_batch_size)
     if replicas is None:
-        replicas = state_options.strategy_replicas()
+        replicas = state_options.replicas_of(model)
     check_int("replicas", replicas)
     check_int("multiple_of", multiple_of)
     budget = _search.parse_bytes(memory_budget)

@@ -38,6 +38,14 @@ def strategy_replicas() -> int:
         return 1
 
 
+def replicas_of(model) -> int:
+    """Replicas of the strategy `model` was built under (Keras keeps it as
+    `model.distribute_strategy`), else of the active strategy."""
+    strategy = getattr(model, "distribute_strategy", None)
+    count = getattr(strategy, "num_replicas_in_sync", None)
+    return int(count) if count else strategy_replicas()
+
+
 def unwrap(optimizer):
     """The optimizer that keeps the state (inside LossScale/Sharded)."""
     while isinstance(
