@@ -44,11 +44,17 @@ def budget_for(peak) -> int:
     "make, twin, cls",
     [
         (
-            lambda: keras.optimizers.AdamW(2e-3, weight_decay=0.01),
+            lambda: keras.optimizers.AdamW(
+                2e-3, weight_decay=0.01, beta_1=0.8, epsilon=1e-6, clipnorm=1.0
+            ),
             "AdamW8bit",
             AdamW8bit,
         ),
-        (lambda: keras.optimizers.Adam(2e-3), "Adam8bit", Adam8bit),
+        (
+            lambda: keras.optimizers.Adam(2e-3, beta_2=0.99, epsilon=1e-6),
+            "Adam8bit",
+            Adam8bit,
+        ),
     ],
 )
 def test_plan_switches_to_8bit_when_the_adam_state_does_not_fit(
@@ -72,7 +78,8 @@ def test_plan_switches_to_8bit_when_the_adam_state_does_not_fit(
     applied = p.apply(model)
     assert isinstance(applied.optimizer, cls)
     old, new = model.optimizer.get_config(), applied.optimizer.get_config()
-    for key in ("learning_rate", "weight_decay", "beta_1", "beta_2"):
+    keys = ("learning_rate", "weight_decay", "beta_1", "beta_2", "epsilon")
+    for key in keys + ("clipnorm",):
         assert new[key] == pytest.approx(old[key]), key
     under = tfmemopt.estimate_memory(applied, 8)
     assert under.total <= budget * (1 - MARGIN)

@@ -95,7 +95,7 @@ def make_optimizer(optimizer, name=None, stage=None):
         new = type(base).from_config(config)
     else:
         cls = getattr(optimizers, name)
-        accepted = set(inspect.signature(cls.__init__).parameters)
+        accepted = _arguments(cls)
         accepted -= {"name", "gradient_accumulation_steps"}
         if name == "Adafactor":
             # Its defaults: no first moment (the least state), its own
@@ -106,6 +106,26 @@ def make_optimizer(optimizer, name=None, stage=None):
     if stage:
         new = ShardedOptimizer(new, stage=stage)
     return new
+
+
+def _arguments(cls) -> set:
+    """Named arguments of `cls.__init__`, following `**kwargs` into the
+    base classes it forwards to (`AdamW8bit(learning_rate, weight_decay,
+    *args, **kwargs)` takes Adam8bit's)."""
+    names = set()
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        params = inspect.signature(init).parameters.values()
+        names |= {
+            p.name
+            for p in params
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        }
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            break
+    return names - {"self"}
 
 
 def describe(optimizer, name=None, stage=None) -> str:
