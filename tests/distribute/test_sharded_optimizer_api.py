@@ -115,6 +115,11 @@ def test_not_elementwise(name):
         ShardedOptimizer(getattr(keras.optimizers, name)())
 
 
+def test_tfmemopt_adafactor_not_elementwise():
+    with pytest.raises(ValueError, match="cannot partition Adafactor"):
+        ShardedOptimizer(tfmemopt.optimizers.Adafactor())
+
+
 def test_base_arguments_belong_on_the_inner_optimizer():
     with pytest.raises(ValueError, match="set it on the inner optimizer"):
         ShardedOptimizer(keras.optimizers.Adam(), global_clipnorm=1.0)

@@ -299,7 +299,9 @@ def _check_inner(inner):
         )
     for cls in type(inner).__mro__:
         reason = _NOT_ELEMENTWISE.get(cls.__name__)
-        if reason and cls.__module__.startswith("keras"):
+        # By class name, so tfmemopt.optimizers.Adafactor (a factored
+        # update, like Keras's) is refused as well.
+        if reason:
             raise ValueError(
                 f"ShardedOptimizer cannot partition {type(inner).__name__}: "
                 f"{reason}, so an update on a partition would differ. Use an "
