@@ -10,6 +10,7 @@ statement, also those written inside functions.
 from __future__ import annotations
 
 import os
+import pathlib
 import shutil
 import subprocess
 import sys
@@ -111,3 +112,20 @@ def test_cycle_finder_finds_a_cycle():
     assert _strongly_connected({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [
         ["a", "b", "c"]
     ]
+
+
+_STACK_READERS = ("sys._getframe", "inspect.currentframe", "inspect.stack(")
+
+
+def test_nothing_reads_the_call_stack():
+    # #15: tfmemopt finds its wrappers and models through explicit hooks
+    # (`tfmemopt._compat.on_loss_scale_optimizer`, `in_xla_function`), never
+    # by walking the caller's frames.
+    root = pathlib.Path(ROOT)
+    found = [
+        f"{path.relative_to(root)}: {reader}"
+        for path in sorted((root / "tfmemopt").rglob("*.py"))
+        for reader in _STACK_READERS
+        if reader in path.read_text()
+    ]
+    assert not found, found

@@ -128,3 +128,73 @@ def test_tensorflow_private_attributes_still_exist():
     strategy = tf.distribute.get_strategy()
     # distribute/_auto_strategy, distribute/_keras_fixes
     assert hasattr(strategy.extended, "_in_multi_worker_mode")
+
+
+def test_in_xla_function_sees_jit_compile_only():
+    seen = {}
+
+    @tf.function(jit_compile=True)
+    def compiled(x):
+        seen["jit"] = _compat.in_xla_function()
+
+        @tf.function
+        def nested(y):
+            seen["nested in jit"] = _compat.in_xla_function()
+            return y
+
+        return nested(x) + 1
+
+    @tf.function
+    def plain(x):
+        seen["plain"] = _compat.in_xla_function()
+        return x + 1
+
+    compiled(tf.ones(2))
+    plain(tf.ones(2))
+    seen["eager"] = _compat.in_xla_function()
+    assert seen == {
+        "jit": True,
+        "nested in jit": True,
+        "plain": False,
+        "eager": False,
+    }, (
+        f"TensorFlow {tf.__version__} no longer marks jit-compiled tracing "
+        "with an XLAControlFlowContext (Graph._get_control_flow_context); "
+        "tfmemopt's AccumulatingOptimizer reads it to refuse XLA on "
+        "mirrored CPUs."
+    )
+
+
+def test_on_loss_scale_optimizer_sees_every_wrapper():
+    made = []
+
+    def hook(lso):
+        made.append((type(lso).__name__, lso.inner_optimizer.name))
+
+    _compat.on_loss_scale_optimizer(hook)
+    _compat.on_loss_scale_optimizer(hook)  # once per hook
+    try:
+        direct = keras.optimizers.LossScaleOptimizer(
+            keras.optimizers.SGD(name="direct")
+        )
+
+        class Subclass(keras.optimizers.LossScaleOptimizer):
+            def __init__(self, inner, **kwargs):
+                super().__init__(inner, **kwargs)
+
+        Subclass(keras.optimizers.SGD(name="sub"))
+        keras.optimizers.LossScaleOptimizer.from_config(direct.get_config())
+        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+        model.dtype_policy = "mixed_float16"
+        model.compile(keras.optimizers.SGD(name="compiled"), "mse")
+    finally:
+        _compat._LOSS_SCALE_HOOKS.remove(hook)
+    assert made == [
+        ("LossScaleOptimizer", "direct"),
+        ("Subclass", "sub"),
+        ("LossScaleOptimizer", "direct"),  # from_config
+        ("LossScaleOptimizer", "compiled"),  # compile's mixed_float16 wrap
+    ]
+    # Keras's `__init__` ran in full before the hook: the inner optimizer's
+    # own loss scaling is off.
+    assert direct.inner_optimizer.loss_scale_factor is None

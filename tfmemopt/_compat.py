@@ -4,18 +4,20 @@ Keras 3 has no public API to list the layers tracked inside a layer (only
 models have `.layers`, and it is not recursive), to name its `Functional`
 class, or to say whether a layer's `call` takes `training` / `mask`. These
 helpers do it, each through one private attribute named in its docstring.
-`caller_instance` is the one place that reads the call stack: Keras offers
-no hook that tells an optimizer which `LossScaleOptimizer` wraps it, or
-which model builds it.
+Two more things Keras and TensorFlow do not say publicly live here too:
+whether the step being traced is XLA-compiled (`in_xla_function`), and which
+`LossScaleOptimizer` wraps an optimizer (`on_loss_scale_optimizer`). Nothing
+in tfmemopt reads the call stack.
 tests/test_compat.py checks every private attribute tfmemopt reads on the
 installed Keras, so a release that renames one fails there, by name.
 """
 
 from __future__ import annotations
 
-import sys
+import functools
 
 import keras
+import tensorflow as tf
 
 
 def sublayers(
@@ -56,39 +58,60 @@ def call_takes(layer, argument: str) -> bool:
     return bool(getattr(layer, attribute[argument], argument == "training"))
 
 
-def caller_instance(kind: type, depth: int = 1, skip: int = 0):
-    """The first `self` of type `kind` among the functions up the stack.
+def in_xla_function() -> bool:
+    """Whether the code being traced now will be compiled by XLA.
 
-    Looks at the `depth` functions above the one calling this (after
-    skipping `skip` more), nearest first; None if none is a `kind`. Used
-    where Keras calls tfmemopt without saying who calls: a
-    `LossScaleOptimizer` wrapping an `AccumulatingOptimizer` (it sets
-    `loss_scale_factor` from its `__init__`), and the model whose
-    `jit_compile` decides whether building the optimizer is refused.
-    CPython frames (`sys._getframe`).
-
-    Why the stack (Keras 3.15, TF 2.21; looked for in #15):
-    `LossScaleOptimizer.__init__` does `self.inner_optimizer = inner` (the
-    trackable link goes from the wrapper down; the inner object is not told)
-    and then `inner.loss_scale_factor = None`, the one thing it does to its
-    inner optimizer, without saying who; its `build` and `apply` call the
-    inner's without an argument naming it, and its non-finite branch never
-    reaches the inner optimizer, so `AccumulatingOptimizer` cannot learn of
-    it lazily either. A user may wrap it by hand in a custom loop (no model,
-    no `compile`), so a hook in `tfmemopt.Model.compile` would miss cases
-    the tests cover. Likewise `Trainer._symbolic_build`/`train_step` call
-    `optimizer.build`/`apply` without the model, and a traced function
-    does not say publicly that it is XLA-compiled. The other ways, each
-    worse: `gc.get_referrers` (a heap scan, also interpreter
-    introspection), or patching `LossScaleOptimizer`/`keras.Model` for
-    every user of Keras.
+    True inside a `tf.function(jit_compile=True)` (a Keras model compiled
+    with `jit_compile=True` traces its step in one), also when it is nested
+    in other functions or in `strategy.run`; False in eager code, in plain
+    `tf.function`s and under auto-clustering. TensorFlow enters an
+    `XLAControlFlowContext` on the graph that calls a jit-compiled function
+    (`OptionalXlaContext` in TF's `polymorphic_function.py`); this walks the
+    current graph and its outer graphs (`FuncGraph.outer_graph`) and asks
+    each for that context through the private
+    `Graph._get_control_flow_context`, as TF's own
+    `control_flow_util.GraphOrParentsInXlaContext` does.
     """
-    frame = sys._getframe(2 + skip)
-    for _ in range(depth):
-        if frame is None:
-            return None
-        candidate = frame.f_locals.get("self")
-        if isinstance(candidate, kind):
-            return candidate
-        frame = frame.f_back
-    return None
+    graph = tf.compat.v1.get_default_graph()
+    while graph is not None:
+        context = graph._get_control_flow_context()
+        while context is not None:
+            if type(context).__name__ == "XLAControlFlowContext":
+                return True
+            context = context.outer_context
+        graph = getattr(graph, "outer_graph", None)
+    return False
+
+
+_LOSS_SCALE_HOOKS: list = []
+
+
+def on_loss_scale_optimizer(hook) -> None:
+    """Calls `hook(lso)` after each `keras.optimizers.LossScaleOptimizer`
+    is made (directly, by `compile` under `mixed_float16`, or by
+    `from_config` when a model loads).
+
+    Keras offers no way for an optimizer to learn which
+    `LossScaleOptimizer` wraps it: `LossScaleOptimizer.__init__` stores
+    `inner_optimizer` and sets its `loss_scale_factor` to None without
+    naming itself, and its non-finite branch never calls the inner
+    optimizer. So the first registration wraps the public
+    `LossScaleOptimizer.__init__` once (subclasses reach it through
+    `super().__init__`); the hooks run after Keras's own `__init__`, in the
+    order registered, each once per hook however often it is registered.
+    """
+    if hook not in _LOSS_SCALE_HOOKS:
+        _LOSS_SCALE_HOOKS.append(hook)
+    cls = keras.optimizers.LossScaleOptimizer
+    if getattr(cls.__init__, "_tfmemopt_hooks", None) is _LOSS_SCALE_HOOKS:
+        return
+    original = cls.__init__
+
+    @functools.wraps(original)
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        for registered in _LOSS_SCALE_HOOKS:
+            registered(self)
+
+    __init__._tfmemopt_hooks = _LOSS_SCALE_HOOKS
+    cls.__init__ = __init__

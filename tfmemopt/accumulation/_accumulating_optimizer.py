@@ -21,7 +21,7 @@ import keras
 import tensorflow as tf
 from keras import ops
 
-from tfmemopt._compat import caller_instance
+from tfmemopt import _compat
 from tfmemopt._utils import ForwardsToInner
 from tfmemopt.accumulation import _accumulation_hooks as hooks
 
@@ -96,18 +96,6 @@ class AccumulatingOptimizer(ForwardsToInner, keras.optimizers.Optimizer):
         # The LossScaleOptimizer that wraps this one, if any (not tracked:
         # it already tracks us).
         object.__setattr__(self, "_outer_loss_scale", None)
-
-    def __setattr__(self, name, value):
-        # `LossScaleOptimizer.__init__` disables our `loss_scale_factor`;
-        # that is the moment to learn that it wraps us.
-        if (
-            name == "loss_scale_factor"
-            and value is None
-            and "inner_optimizer" in self.__dict__
-        ):
-            outer = caller_instance(keras.optimizers.LossScaleOptimizer)
-            hooks.adopt_loss_scale_optimizer(self, outer)
-        super().__setattr__(name, value)
 
     def build(self, var_list):
         if self.built:
@@ -355,3 +343,15 @@ class AccumulatingOptimizer(ForwardsToInner, keras.optimizers.Optimizer):
 
     def get_config(self):
         return self._wrapper_config(accumulation_steps=self.accumulation_steps)
+
+
+def _adopt_if_accumulating(outer) -> None:
+    # A `LossScaleOptimizer` was just made; if it wraps one of ours, its
+    # non-finite branch must also close our window (see
+    # `hooks.adopt_loss_scale_optimizer`).
+    inner = getattr(outer, "inner_optimizer", None)
+    if isinstance(inner, AccumulatingOptimizer):
+        hooks.adopt_loss_scale_optimizer(inner, outer)
+
+
+_compat.on_loss_scale_optimizer(_adopt_if_accumulating)

@@ -23,9 +23,9 @@ import keras
 import tensorflow as tf
 from keras import ops
 
-from tfmemopt._compat import caller_instance
+from tfmemopt._compat import in_xla_function
 from tfmemopt._utils import check_int
-from tfmemopt.distribute._keras_fixes import check_jit_replicas
+from tfmemopt.distribute._keras_fixes import refuse_jit_replicas
 
 _ORIGINAL = "_tfmemopt_original_non_finite_handler"
 
@@ -250,12 +250,13 @@ def clip_after_all_reduce(inner) -> None:
     object.__setattr__(inner, "_all_reduce_sum_gradients", reduce_then_clip)
 
 
-def refuse_jit_on_mirrored_cpus(max_depth: int = 8) -> None:
-    """Raises for a Keras `jit_compile=True` model mirrored on CPUs.
+def refuse_jit_on_mirrored_cpus() -> None:
+    """Raises when the step being traced is XLA-compiled on mirrored CPUs.
 
-    The model is found among the callers (`Trainer._symbolic_build` or
-    `train_step` call the optimizer); see `check_jit_replicas`.
+    A model compiled with `jit_compile=True` traces its train step inside a
+    jit-compiled `tf.function`; see `refuse_jit_replicas` for why that
+    fails under `MirroredStrategy` on CPU devices. Auto-clustering is not
+    refused.
     """
-    model = caller_instance(keras.Model, depth=max_depth, skip=1)
-    if model is not None:
-        check_jit_replicas(model)
+    if in_xla_function():
+        refuse_jit_replicas(tf.distribute.get_strategy())

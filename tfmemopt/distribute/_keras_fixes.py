@@ -161,15 +161,18 @@ def cpu_only_replicas(devices) -> bool:
 
 
 def check_jit_replicas(model) -> None:
-    """Raises for a `jit_compile=True` model mirrored on CPU devices.
+    """Raises for a `jit_compile=True` model mirrored on CPU devices."""
+    if getattr(model, "jit_compile", False) is True:
+        refuse_jit_replicas(model.distribute_strategy)
+
+
+def refuse_jit_replicas(strategy) -> None:
+    """Raises for XLA-compiled steps under `strategy` on CPU devices.
 
     Keras compiles `strategy.run` over all replicas into one XLA
     computation; XLA runs it on one device, so replica 1's variables (on
     CPU:1) cannot be read from CPU:0 (plain TensorFlow fails the same way).
     """
-    if getattr(model, "jit_compile", False) is not True:
-        return
-    strategy = model.distribute_strategy
     if not isinstance(strategy, tf.distribute.MirroredStrategy):
         return
     if not cpu_only_replicas(strategy.extended.worker_devices):
