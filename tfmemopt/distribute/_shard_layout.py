@@ -26,16 +26,48 @@ import tensorflow as tf
 
 
 class Layout:
-    """The cut of one flattened variable of `n` elements into `replicas`."""
+    """The cut of one flattened variable of `n` elements into `replicas`.
 
-    def __init__(self, shape, replicas: int):
+    With `align` > 1 the cut is made in units of `align` elements (the
+    blocks of an 8-bit state): every part starts on a multiple of `align`,
+    the parts are balanced to within one unit, and only the last non-empty
+    part may end inside a unit.
+    """
+
+    def __init__(self, shape, replicas: int, align: int = 1):
         self.shape = tuple(int(d) for d in shape)
         self.n = int(math.prod(self.shape))
         self.replicas = int(replicas)
-        base, extra = divmod(self.n, self.replicas)
-        self.sizes = [base + (1 if r < extra else 0) for r in range(replicas)]
-        self.offsets = [sum(self.sizes[:r]) for r in range(replicas)]
+        self.align = int(align)
+        units = -(-self.n // self.align)
+        base, extra = divmod(units, self.replicas)
+        counts = [base + (1 if r < extra else 0) for r in range(replicas)]
+        starts = [sum(counts[:r]) * self.align for r in range(replicas)]
+        self.offsets = [min(s, self.n) for s in starts]
+        self.sizes = [
+            max(0, min(cnt * self.align, self.n - s))
+            for cnt, s in zip(counts, self.offsets)
+        ]
         self.c = max(self.sizes) if self.n else 0
+
+    def with_shape(self, shape) -> Layout:
+        """The same cut of a state of `n` elements whose whole value has
+        another shape (8-bit codes are flat)."""
+        out = Layout(shape, self.replicas, self.align)
+        if out.n != self.n:
+            raise ValueError(f"shape {shape} does not hold {self.n} elements")
+        return out
+
+    def per_unit(self, entries: int) -> Layout:
+        """The cut of a state with one entry per `align` elements (an 8-bit
+        state's per-block scales): each replica holds its parts' units."""
+        out = Layout((entries,), self.replicas)
+        if self.align <= 1 or entries != -(-self.n // self.align):
+            raise ValueError(
+                f"{entries} entries are not one per unit of {self.align} "
+                f"of {self.n} elements"
+            )
+        return out
 
     def local(self, flat, replica: int):
         """This replica's part of the flat `[n]` tensor, padded to `[c]`."""
@@ -73,6 +105,9 @@ class ParamRef:
         self.layout = layout
         self.index = index
         self.shape = (layout.c,)
+        # The parameter's own shape: a state that is not elementwise (8-bit
+        # blocks) decides its layout from it.
+        self.whole_shape = tuple(variable.shape)
         self.dtype = variable.dtype
         self.name = variable.name
         self.path = getattr(variable, "path", variable.name)

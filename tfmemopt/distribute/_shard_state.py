@@ -80,7 +80,7 @@ def read_whole(strategy, partitioned, replicated):
     @tf.function
     def step():
         ctx = tf.distribute.get_replica_context()
-        parts = [tf.convert_to_tensor(v.value) for v, _ in partitioned]
+        parts = [_gatherable(v.value) for v, _ in partitioned]
         blocks = gather_by_dtype(ctx, parts, replicas) if parts else []
         same = [tf.convert_to_tensor(v.value) for v in replicated]
         return blocks, same
@@ -89,10 +89,23 @@ def read_whole(strategy, partitioned, replicated):
         blocks, same = strategy.run(step)
     first = strategy.experimental_local_results
     whole = [
-        layout.assemble(np.asarray(first(b)[0]))
-        for b, (_, layout) in zip(blocks, partitioned)
+        layout.assemble(np.asarray(first(b)[0])).astype(_numpy_dtype(v))
+        for b, (v, layout) in zip(blocks, partitioned)
     ]
     return whole, [np.asarray(first(s)[0]) for s in same]
+
+
+def _numpy_dtype(variable):
+    return tf.as_dtype(variable.dtype).as_numpy_dtype
+
+
+def _gatherable(value):
+    """`value` as a tensor the all-gather takes: 8- and 16-bit integers
+    (8-bit optimizer codes) travel as int32, at save time only."""
+    t = tf.convert_to_tensor(value)
+    if t.dtype in (tf.uint8, tf.int8, tf.uint16, tf.int16):
+        t = tf.cast(t, tf.int32)
+    return t
 
 
 def write_whole(strategy, partitioned, whole, replicated, values):

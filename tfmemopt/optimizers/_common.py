@@ -114,6 +114,13 @@ def colocated(strategy, variable):
     return contextlib.nullcontext()
 
 
+def whole_shape(variable) -> tuple:
+    """The shape of the model variable behind `variable`: its own, or the
+    whole parameter's for `tfmemopt.ShardedOptimizer`'s partition stand-ins
+    (whose `shape` is the partition's)."""
+    return tuple(getattr(variable, "whole_shape", variable.shape))
+
+
 def dedup_rows(grad: tf.IndexedSlices) -> tuple[tf.Tensor, tf.Tensor]:
     """Unique row indices and the summed rows (repeated indices added first:
     a token seen twice contributes its summed gradient once)."""

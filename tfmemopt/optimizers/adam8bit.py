@@ -138,7 +138,9 @@ class Adam8bit(_common.StateOptimizer):
         return ("m", "v", "vhat") if self.amsgrad else ("m", "v")
 
     def _uses_8bit(self, variable) -> bool:
-        size = int(np.prod(variable.shape, dtype=np.int64))
+        # The whole parameter's size decides, also for a partition of it
+        # under tfmemopt.ShardedOptimizer.
+        size = int(np.prod(_common.whole_shape(variable), dtype=np.int64))
         return size >= max(self.min_8bit_size, 1)
 
     def _add_state(self, variable, prefix):
@@ -188,6 +190,40 @@ class Adam8bit(_common.StateOptimizer):
         if size >= max(self.min_8bit_size, 1):
             return slots * (size + 4 * q.num_blocks(size, self.block_size))
         return slots * 4 * size
+
+    # -- tfmemopt.ShardedOptimizer ------------------------------------------
+
+    def shard_alignment(self, shape) -> int:
+        """Elements that a partition boundary of a variable of `shape` is a
+        multiple of, for `tfmemopt.ShardedOptimizer`: `block_size` for an
+        8-bit variable, so each replica's blocks are whole blocks of the
+        unsharded state (the same codes and scales), 1 otherwise."""
+        size = int(np.prod(tuple(shape), dtype=np.int64))
+        return self.block_size if size >= max(self.min_8bit_size, 1) else 1
+
+    def shard_state(self) -> list:
+        """How `tfmemopt.ShardedOptimizer` cuts this state, after a build on
+        its partition stand-ins: `(state variable, index of its model
+        variable, whole shape, elements per entry)` for each state variable.
+        Codes and float32 moments hold one entry per element of the
+        partition; scales one per `block_size` elements (one per block)."""
+        out = []
+        state = self._state
+        for index, (var, eight, slots) in enumerate(
+            zip(self._trainable_variables, state.is_8bit, state.slots)
+        ):
+            if slots is None:
+                continue
+            shape = _common.whole_shape(var)
+            size = int(np.prod(shape, dtype=np.int64))
+            for slot in slots:
+                if eight:
+                    out.append((slot[0], index, (size,), 1))
+                    blocks = (q.num_blocks(size, self.block_size),)
+                    out.append((slot[1], index, blocks, self.block_size))
+                else:
+                    out.append((slot, index, shape, 1))
+        return out
 
     def _state_variables(self) -> list:
         out = []
@@ -416,11 +452,27 @@ class Adam8bit(_common.StateOptimizer):
         )
 
     def save_own_variables(self, store):
-        for i, variable in enumerate(self.variables):
-            store[str(i)] = variable.numpy()
-        store[_LAYOUT_KEY] = self._layout()
+        self.state_to_store(store, [v.numpy() for v in self.variables])
 
     def load_own_variables(self, store):
+        values = self.state_from_store(store)
+        if values is not None:
+            for variable, value in zip(self.variables, values):
+                variable.assign(value)
+
+    def state_to_store(self, store, values):
+        """Writes `values` (one whole array per variable of `variables`,
+        as an unsharded build holds it) and the state's layout. Also used by
+        `tfmemopt.ShardedOptimizer`, which gathers the values first."""
+        for i, value in enumerate(values):
+            store[str(i)] = value
+        store[_LAYOUT_KEY] = self._layout()
+
+    def state_from_store(self, store):
+        """The saved state as whole arrays, one per variable of `variables`
+        in an unsharded build's shapes, re-encoded when the block size or
+        `min_8bit_size` differs; None (with a warning) when it does not fit.
+        """
         keys = set(store.keys())
         saved = None
         if _LAYOUT_KEY in keys:
@@ -428,9 +480,7 @@ class Adam8bit(_common.StateOptimizer):
             keys.discard(_LAYOUT_KEY)
         same = saved is not None and np.array_equal(saved, self._layout())
         if same and len(keys) == len(self.variables):
-            for i, variable in enumerate(self.variables):
-                variable.assign(np.asarray(store[str(i)]))
-            return
+            return [np.asarray(store[str(i)]) for i in range(len(keys))]
         if saved is None or not self.built or saved[2] != len(self._slot_names):
             warnings.warn(
                 f"Skipping variable loading for optimizer '{self.name}': "
@@ -438,17 +488,17 @@ class Adam8bit(_common.StateOptimizer):
                 f"{None if saved is None else saved.tolist()}) does not fit "
                 f"this optimizer ({len(self.variables)} variables, layout "
                 f"{self._layout().tolist()}, built={self.built}).",
-                stacklevel=2,
+                stacklevel=3,
             )
-            return
-        self._load_relayout(store, int(saved[0]), int(saved[1]))
+            return None
+        return self._relayout(store, int(saved[0]), int(saved[1]))
 
-    def _load_relayout(self, store, block_size, min_8bit_size):
-        """Loads a state saved with another block size or min_8bit_size:
-        each moment is decoded with the saved layout, encoded with ours."""
+    def _relayout(self, store, block_size, min_8bit_size):
+        """A state saved with another block size or min_8bit_size, as whole
+        arrays: each moment decoded with the saved layout, encoded with
+        ours."""
         base = len(self.variables) - len(self._state_variables())
-        for i in range(base):
-            self.variables[i].assign(np.asarray(store[str(i)]))
+        values = [np.asarray(store[str(i)]) for i in range(base)]
         k = base
         variables = self._trainable_variables
         for var, eight, slots in zip(
@@ -456,9 +506,10 @@ class Adam8bit(_common.StateOptimizer):
         ):
             if slots is None:
                 continue
-            size = int(np.prod(var.shape, dtype=np.int64))
+            shape = _common.whole_shape(var)
+            size = int(np.prod(shape, dtype=np.int64))
             saved_eight = size >= max(min_8bit_size, 1)
-            for name, slot in zip(self._slot_names, slots):
+            for name in self._slot_names:
                 signed = name == "m"
                 if saved_eight:
                     value = q.dequantize(
@@ -471,9 +522,13 @@ class Adam8bit(_common.StateOptimizer):
                 else:
                     value = tf.constant(np.asarray(store[str(k)]))
                     k += 1
-                ok = tf.constant(True)
-                value = tf.reshape(value, var.shape)
-                self._write(slot, eight, signed, value, ok)
+                if eight:
+                    codes, absmax = q.quantize(value, self.block_size, signed)
+                    values += [codes.numpy(), absmax.numpy()]
+                else:
+                    value = tf.cast(tf.reshape(value, shape), tf.float32)
+                    values.append(value.numpy())
+        return values
 
     def get_config(self):
         config = super().get_config()
