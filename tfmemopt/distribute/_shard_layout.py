@@ -6,7 +6,9 @@ so the parts are balanced to within one element. Per-replica components of a
 distributed variable must share one shape, so every replica stores
 `c = ceil(n / R)` elements: a short part is padded with zeros at its end.
 The padding costs at most `R - 1` elements per variable and slot, whatever
-the variable's size.
+the variable's size. A blockwise state (8-bit codes with one scale per block)
+asks for a cut in whole blocks (`align`): then the parts are balanced to
+within one block, and the padding is at most one block per variable and slot.
 
 `ParamRef` stands for one partition when the inner optimizer is built: it
 has the partition's shape and the parameter's dtype, name and path, so the

@@ -72,7 +72,10 @@ class ShardedOptimizer(ForwardsToInner, keras.optimizers.Optimizer):
 
     Every elementwise Keras optimizer works inside it (SGD with momentum or
     Nesterov, Adam, AdamW, Adamax, Nadam, RMSprop, Adagrad, Adadelta, Ftrl,
-    Lion). Adafactor, Lamb, Muon and ScheduleFreeAdamW are refused.
+    Lion), and tfmemopt's `Adam8bit`/`AdamW8bit`, whose 8-bit variables are
+    cut on block boundaries so that each replica holds whole blocks of codes
+    and scales (the same codes as unsharded; about 2/R bytes per parameter).
+    Adafactor, Lamb, Muon and ScheduleFreeAdamW are refused.
     Sparse (`tf.IndexedSlices`) gradients are made dense before the
     all-reduce: Adam then sees each row's summed gradient (Keras squares
     each occurrence of a repeated row instead) and rows absent from the batch
