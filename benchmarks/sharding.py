@@ -3,7 +3,9 @@
 For each replica count R (one child process each: the CPU must be split
 before TensorFlow starts), one process builds the same MLP three times
 under `MirroredStrategy`: Adam unwrapped, `ShardedOptimizer(Adam, stage=1)`
-and `stage=2`, and measures
+and `stage=2`, and tfmemopt's `AdamW8bit` unwrapped and in
+`ShardedOptimizer(..., stage=1)` (its ratios against `AdamW8bit` unwrapped),
+and measures
 
 - the optimizer-state bytes on each device (summed over the per-device
   components of every state variable);
@@ -36,11 +38,22 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
-ROUNDS = 11
+ROUNDS = int(os.environ.get("TFMEMOPT_BENCH_ROUNDS", "11"))
 STEPS = 8
 BATCH = 512
 WIDTHS = (784, 1023, 1021, 10)
-VARIANTS = ("unwrapped", "stage 1", "stage 2")
+VARIANTS = (
+    "unwrapped",
+    "stage 1",
+    "stage 2",
+    "AdamW8bit unwrapped",
+    "AdamW8bit stage 1",
+)
+
+
+def _base(variant: str) -> str:
+    """The unwrapped variant a variant's ratios are taken against."""
+    return "AdamW8bit unwrapped" if "8bit" in variant else "unwrapped"
 
 
 def child(replicas: int) -> dict:
@@ -54,6 +67,7 @@ def child(replicas: int) -> dict:
     import numpy as np
 
     from tfmemopt.distribute import ShardedOptimizer
+    from tfmemopt.optimizers import AdamW8bit
 
     strategy = tf.distribute.MirroredStrategy(
         [f"CPU:{i}" for i in range(replicas)]
@@ -70,8 +84,11 @@ def child(replicas: int) -> dict:
                 layers.append(keras.layers.Dense(w, activation="relu"))
             layers.append(keras.layers.Dense(WIDTHS[-1]))
             model = keras.Sequential(layers)
-            opt = keras.optimizers.Adam(1e-3)
-            if variant != "unwrapped":
+            if "8bit" in variant:
+                opt = AdamW8bit(1e-3)
+            else:
+                opt = keras.optimizers.Adam(1e-3)
+            if "stage" in variant:
                 opt = ShardedOptimizer(opt, stage=int(variant[-1]))
             model.compile(
                 optimizer=opt,
@@ -85,7 +102,7 @@ def child(replicas: int) -> dict:
     out = {"replicas": replicas, "params": params, "variants": {}}
     for variant, model in models.items():
         opt = model.optimizer
-        state = opt.state_variables if variant != "unwrapped" else opt.variables
+        state = opt.state_variables if "stage" in variant else opt.variables
         per_device = {}
         for v in state:
             for c in strategy.experimental_local_results(v.value):
@@ -192,9 +209,9 @@ def main():
     rows = []
     for res in results:
         r = res["replicas"]
-        base = res["variants"]["unwrapped"]
-        t0 = _report.median(base["times"])
         for variant, rec in res["variants"].items():
+            base = res["variants"][_base(variant)]
+            t0 = _report.median(base["times"])
             t = _report.median(rec["times"])
             cpu = _report.median(rec["cpu_times"])
             cpu0 = _report.median(base["cpu_times"])
@@ -215,7 +232,9 @@ def main():
     params = results[0]["params"]
     body = (
         "## ShardedOptimizer (`benchmarks/sharding.py`)\n\n"
-        f"Adam on an MLP {' -> '.join(map(str, WIDTHS))} ({params} "
+        "Adam (and tfmemopt's AdamW8bit, block size 256, its ratios against "
+        "AdamW8bit unwrapped)"
+        f" on an MLP {' -> '.join(map(str, WIDTHS))} ({params} "
         "parameters, no size a multiple of 4), `MirroredStrategy` over R "
         f"logical CPUs, global batch {BATCH}. Step time: median of {ROUNDS} "
         f"interleaved rounds of {STEPS} steps. State: bytes on each device "
