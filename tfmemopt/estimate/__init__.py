@@ -7,10 +7,12 @@ for the backward pass and its temporaries, for the settings tfmemopt offers.
 See docs/estimator.md.
 """
 
+from tfmemopt.estimate._estimate import CPU_STATS_MIN_BYTES
 from tfmemopt.estimate._estimate import MemoryEstimate
 from tfmemopt.estimate._estimate import estimate_memory
 
 __all__ = [
+    "CPU_STATS_MIN_BYTES",
     "MemoryEstimate",
     "estimate_memory",
 ]

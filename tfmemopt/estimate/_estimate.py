@@ -15,6 +15,7 @@ import math
 
 import keras
 
+from tfmemopt._compat import sublayers
 from tfmemopt._utils import check_int
 from tfmemopt._utils import format_bytes
 from tfmemopt.accumulation import Model
@@ -168,6 +169,7 @@ def estimate_memory(
     trainer: str | None = None,
     input_shape=None,
     sequence_length: int | None = None,
+    min_counted_bytes: int = 0,
 ) -> MemoryEstimate:
     """Estimates the peak memory of one training step, per device.
 
@@ -224,6 +226,13 @@ def estimate_memory(
         sequence_length: `None` or Int: every unknown dimension of the
             inputs besides the batch takes this size (keras-hub text
             models: `token_ids` and `padding_mask` of shape `(None,)`).
+        min_counted_bytes: Int, defaults to `0` (count every tensor, as an
+            accelerator's allocator does). Estimate what an allocator whose
+            statistics do not count allocations smaller than this reports:
+            `CPU_STATS_MIN_BYTES` (256 KiB) for
+            `tf.config.experimental.get_memory_info("CPU:0")` under oneDNN,
+            to compare the estimate with a peak measured on a CPU. Every
+            tensor, weight, gradient and optimizer slot below it counts 0.
 
     Returns:
         A `MemoryEstimate` (bytes per field, `.total`, `.table()`,
@@ -264,13 +273,19 @@ def estimate_memory(
     )
     if sequence_length is not None:
         check_int("sequence_length", sequence_length)
+    s.floor = _check_floor(min_counted_bytes)
     # Trace first: a subclassed model may create its weights on first call.
     traced, step, rescale = _trace(model, s, input_shape, sequence_length)
     trainable = model.trainable_weights
-    params = sum(_weight_bytes(v, s) for v in model.weights)
-    grads = sum(_weight_bytes(v, s) for v in trainable)
+    params = sum(_counted(_weight_bytes(v, s), s) for v in model.weights)
+    grads = sum(_counted(_weight_bytes(v, s), s) for v in trainable)
     opt_bytes, opt_how = _optimizer_bytes(trainable, s)
     notes = [f"optimizer: {opt_how} ({s.opt_source})"]
+    if s.floor:
+        notes.append(
+            f"allocations below {format_bytes(s.floor)} not counted "
+            "(min_counted_bytes): the allocator statistics' view"
+        )
     activations = _activations(model, traced, step, rescale, s, notes)
     temporaries = max(0, step.peak - step.saved - step.gradients - step.inputs)
     inputs, accumulation = _accumulation(trainable, step, s, notes)
@@ -296,6 +311,7 @@ def estimate_memory(
             "checkpointing": s.checkpointing,
             "replicas": replicas,
             "trainer": s.trainer,
+            "min_counted_bytes": s.floor,
         },
         layers=_by_layer(step),
         notes=notes,
@@ -317,6 +333,35 @@ class _Settings:
     compute: int  # bytes per activation under the policy
     variable: int  # bytes per float weight under the policy
     replicas: int = 1
+    floor: int = 0  # allocations below this many bytes are not counted
+    policy_in_place: bool = False  # traced with the policy set on its layers
+
+
+# oneDNN's CPU allocator (TF_ENABLE_ONEDNN_OPTS=1) serves allocations below
+# 256 KiB from a separate small-size allocator that its statistics, read by
+# `tf.config.experimental.get_memory_info("CPU:0")`, do not count (measured:
+# a 255 KiB tensor adds 0 to `current`, a 256 KiB one 256 KiB).
+CPU_STATS_MIN_BYTES = 256 * 1024
+
+
+def _check_floor(min_counted_bytes) -> int:
+    if (
+        not isinstance(min_counted_bytes, int)
+        or isinstance(min_counted_bytes, bool)
+        or min_counted_bytes < 0
+    ):
+        raise ValueError(
+            "`min_counted_bytes` must be an int >= 0 (bytes; 0 counts every "
+            f"allocation). Received: min_counted_bytes={min_counted_bytes!r}."
+            " Fix: pass 0, or CPU_STATS_MIN_BYTES (262144) to compare with "
+            "CPU memory statistics."
+        )
+    return min_counted_bytes
+
+
+def _counted(nbytes: int, s: _Settings) -> int:
+    """`nbytes` as the allocator's statistics count one allocation."""
+    return 0 if nbytes < s.floor else nbytes
 
 
 def _check_counts(model, batch_size, accumulation_steps, replicas) -> None:
@@ -346,7 +391,10 @@ def _trace(model, s: _Settings, input_shape=None, sequence_length=None):
     """`(traced model, its step graph, whether activations are rescaled)`.
 
     Another policy: trace the model rebuilt under it (Keras keeps some
-    activations float32), else scale the float32 activations. A
+    activations float32); a model that cannot be rebuilt (layers without a
+    config, subclassed models) is traced with its layers' policies set to
+    it for the trace and put back, when the policy keeps the variables'
+    dtype (float32 -> mixed_*); else its float32 activations are scaled. A
     `tfmemopt.Model.wrap(inner)` is traced as `inner` (the same weights and
     graph; the policy rebuild and checkpointing segments need its layers).
     """
@@ -354,18 +402,43 @@ def _trace(model, s: _Settings, input_shape=None, sequence_length=None):
     inner = getattr(model, "inner", None)
     if isinstance(model, Model) and isinstance(inner, keras.Model):
         traced = model = inner
+    swapped = []
     if s.policy.name != model.dtype_policy.name:
         traced = rebuilt_under(model, s.policy.name) or model
+        if traced is model and (
+            s.policy.variable_dtype == model.dtype_policy.variable_dtype
+        ):
+            swapped = _swap_policies(model, s.policy)
     model_compute = _itemsize(model.compute_dtype)
     rescale = s.compute != model_compute and traced is model
-    step = trace_step(
-        traced,
-        s.micro,
-        activation_itemsize=s.compute if rescale else None,
-        input_shape=input_shape,
-        sequence_length=sequence_length,
-    )
+    try:
+        step = trace_step(
+            traced,
+            s.micro,
+            activation_itemsize=s.compute if rescale else None,
+            input_shape=input_shape,
+            sequence_length=sequence_length,
+            min_counted_bytes=s.floor,
+        )
+    finally:
+        for layer, policy in swapped:
+            layer.dtype_policy = policy
+    if swapped:
+        s.policy_in_place = True
     return traced, step, rescale
+
+
+def _swap_policies(model, policy):
+    """Sets `policy` on every layer of `model` under the model's own policy
+    (a layer with a policy of its own keeps it); returns `[(layer, old)]`."""
+    old = model.dtype_policy.name
+    swapped = []
+    for layer in sublayers(model, include_self=True):
+        current = layer.dtype_policy
+        if current.name == old and current.quantization_mode is None:
+            swapped.append((layer, current))
+            layer.dtype_policy = policy
+    return swapped
 
 
 def _weight_bytes(v, s: _Settings) -> int:
@@ -377,6 +450,8 @@ def _weight_bytes(v, s: _Settings) -> int:
 
 def _optimizer_bytes(trainable, s: _Settings):
     """`(bytes, how)` of the optimizer's slots for the trainable weights."""
+    # Below the floor: the slots of a weight that is itself not counted
+    # (every slot is at most the weight's size).
     shapes = [
         (
             tuple(v.shape),
@@ -385,6 +460,7 @@ def _optimizer_bytes(trainable, s: _Settings):
             else v.dtype,
         )
         for v in trainable
+        if _counted(_weight_bytes(v, s), s)
     ]
     if isinstance(s.optimizer, ShardedOptimizer) and s.replicas > 1:
         # Each replica keeps ceil(n / R) elements of every slot.
@@ -406,16 +482,19 @@ def _activations(model, traced, step, rescale, s: _Settings, notes) -> int:
         traced, step, s.compute, s.micro
     )
     notes += unknown_notes
-    if traced is not model:
+    if traced is not model or s.policy_in_place:
+        how = "rebuilt under"
+        if traced is model:
+            how = "with its layers set to"
         notes.append(
-            f"{s.policy.name}: traced the model rebuilt under the policy "
+            f"{s.policy.name}: traced the model {how} the policy "
             "(float32 weights, gradients and optimizer state; the layers "
             "Keras runs in float32 keep float32 activations)"
         )
     elif rescale and s.compute < s.variable:
         # The 16-bit copies of the weights read by the backward pass.
         casts = sum(
-            math.prod(v.shape) * s.compute
+            _counted(math.prod(v.shape) * s.compute, s)
             for v in model.trainable_weights
             if keras.backend.is_float_dtype(v.dtype)
         )
@@ -441,17 +520,24 @@ def _accumulation(trainable, step, s: _Settings, notes):
     inputs = step.inputs
     if s.accumulation_steps <= 1:
         return inputs, 0
-    inputs += step.inputs * s.per_replica // s.micro
+    inputs += sum(
+        _counted(n * s.per_replica // s.micro, s) for n in step.input_sizes
+    )
     # Dense gradients are summed into float32 buffers; sparse ones
     # (embedding lookups) stay sparse: every micro-batch's rows are
     # kept, then concatenated when the window ends (two copies).
     accumulation = sum(
-        math.prod(v.shape) * 4
+        _counted(math.prod(v.shape) * 4, s)
         for i, v in enumerate(trainable)
         if i not in step.sparse_rows
     )
-    rows = sum(step.sparse_rows.values()) * s.per_replica // s.micro
-    accumulation += 2 * rows
+    # Every micro-batch's rows are kept, then concatenated.
+    n_micro = s.per_replica // s.micro
+    rows = sum(n * n_micro for n in step.sparse_rows.values())
+    accumulation += sum(
+        n_micro * _counted(n, s) + _counted(n * n_micro, s)
+        for n in step.sparse_rows.values()
+    )
     notes.append(
         f"accumulation: micro-batch {s.micro} x {s.accumulation_steps}, "
         "float32 accumulators"

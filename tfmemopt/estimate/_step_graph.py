@@ -72,6 +72,8 @@ class StepGraph:
     # Trainable-variable index -> bytes of its sparse gradient's rows
     # (values and indices) when the gradient is a `tf.IndexedSlices`.
     sparse_rows: dict = dataclasses.field(default_factory=dict)
+    # Bytes of each input (and target) tensor, every one counted.
+    input_sizes: list = dataclasses.field(default_factory=list)
 
 
 def _nbytes(t, scale=None) -> int | None:
@@ -324,6 +326,7 @@ def trace_step(
     activation_itemsize: int | None = None,
     input_shape=None,
     sequence_length=None,
+    min_counted_bytes: int = 0,
 ) -> StepGraph:
     """Traces one training step of `model` at `batch_size` and measures it.
 
@@ -334,7 +337,8 @@ def trace_step(
         activation_itemsize: optional Int: bytes per element of the
             model's floating activations (and their gradients) under another
             dtype policy; weight gradients and the loss keep their dtype.
-        input_shape, sequence_length: as for `estimate_memory`.
+        input_shape, sequence_length, min_counted_bytes: as for
+            `estimate_memory` (tensors below `min_counted_bytes` count 0).
     """
     concrete, n_fwd = _traced_step(
         model, batch_size, input_shape, sequence_length
@@ -377,7 +381,11 @@ def trace_step(
         if t.name in lists:
             n, dtype, shared = lists[t.name]
             return 0 if shared else int(n * scale(t, dtype))
-        return _nbytes(t, scale)
+        n = _nbytes(t, scale)
+        return 0 if n is not None and n < min_counted_bytes else n
+
+    def counted(n):
+        return 0 if n < min_counted_bytes else n
 
     saved_by_layer, unknown = _kept_for_backward(
         ops[n_fwd:], fwd_names, path_of, size_of
@@ -389,9 +397,16 @@ def trace_step(
         )
 
     outputs = list(concrete.graph.outputs)
-    peak = _simulate(ops, outputs, size_of, aliases)
-    inputs = sum(_nbytes(s_to_t) or 0 for s_to_t in concrete.graph.inputs)
-    grads = sum(_nbytes(t, None) or 0 for t in outputs)
+    peak = _simulate(
+        ops,
+        outputs,
+        size_of,
+        aliases,
+        lambda op: _scratch(op, size_of, min_counted_bytes),
+    )
+    input_sizes = [_nbytes(t) or 0 for t in concrete.graph.inputs]
+    inputs = sum(counted(n) for n in input_sizes)
+    grads = sum(counted(_nbytes(t, None) or 0) for t in outputs)
     sparse_rows = {
         i: (_nbytes(g.values) or 0) + (_nbytes(g.indices) or 0)
         for i, g in enumerate(concrete.structured_outputs)
@@ -406,6 +421,7 @@ def trace_step(
         segments=segments,
         unknown=unknown,
         sparse_rows=sparse_rows,
+        input_sizes=input_sizes,
     )
 
 
@@ -487,11 +503,81 @@ def _units_at(depth, fwd_ops, model_scope, path_of, saved_by_layer, size_of):
     return units, saved, outputs
 
 
-def _simulate(ops, outputs, size_of, aliases) -> int:
+def _einsum_copies(equation: str):
+    """`(inputs copied, output copied)` by TensorFlow's Einsum kernel.
+
+    The kernel (einsum_op_impl.h) brings each operand to the order
+    `[batch, free, contract]` (labels sorted by kind, then by first
+    appearance; `[batch, contract, free]` is taken as is, with the matmul's
+    adjoint flag): any other order is a transposed copy. The BatchMatMul
+    writes `[batch, free of input 0, free of input 1]`; when the output's
+    labels are in another order that result is a temporary, transposed
+    into the output. `None` for what is not modelled (ellipses, one input).
+    """
+    if "..." in equation or "->" not in equation:
+        return None
+    lhs, out = equation.replace(" ", "").split("->")
+    ins = lhs.split(",")
+    if len(ins) != 2:
+        return None
+    ids = {}
+    for c in "".join(ins) + out:
+        ids.setdefault(c, len(ids))
+    other = (ins[1], ins[0])
+
+    def kind(c, i):
+        if c in other[i]:
+            return 0 if c in out else 2  # batch / contract
+        return 1 if c in out else 3  # free / reduced
+
+    copied = []
+    for i, labels in enumerate(ins):
+        kinds = [kind(c, i) for c in labels]
+        key = [(k, ids[c]) for k, c in zip(kinds, labels)]
+        swapped = [
+            (0 if k == 0 else 3 - k if k in (1, 2) else k, ids[c])
+            for k, c in zip(kinds, labels)
+        ]
+        copied.append(key != sorted(key) and swapped != sorted(swapped))
+    batch = sorted((c for c in ins[0] if kind(c, 0) == 0), key=ids.get)
+    free = [
+        sorted((c for c in labels if kind(c, i) == 1), key=ids.get)
+        for i, labels in enumerate(ins)
+    ]
+    result = "".join(batch + free[0] + free[1])
+    return copied, result != out
+
+
+def _scratch(op, size_of, floor=0) -> int:
+    """Bytes an op allocates inside its kernel, freed when it returns."""
+    if op.type != "Einsum" or len(op.inputs) != 2:
+        return 0
+    try:
+        equation = op.get_attr("equation")
+    except ValueError:
+        return 0
+    if isinstance(equation, bytes):
+        equation = equation.decode()
+    copies = _einsum_copies(equation)
+    if copies is None:
+        return 0
+    copied, out_copied = copies
+    sizes = [size_of(t) or 0 for t, c in zip(op.inputs, copied) if c] + (
+        [size_of(op.outputs[0]) or 0] if out_copied else []
+    )
+    return sum(n for n in sizes if n >= floor)
+
+
+def _simulate(ops, outputs, size_of, aliases, scratch=None) -> int:
     """Peak live bytes when `ops` run in order, freeing after last use.
 
     `aliases` maps a tensor to the tensor whose buffer it shares (a while
     loop's pass-through TensorLists), besides the ops in `_ALIAS`.
+    `scratch(op)`: bytes the op's kernel holds on top while it runs.
+    TensorFlow's executor runs ready ops on several inter-op threads: two
+    ops that read the same tensor and do not read each other (the two
+    gradients of a matmul or an einsum, both waiting for the same incoming
+    gradient) run at once, so the scratch of the one before counts too.
     """
     last = {}
     for i, op in enumerate(ops):
@@ -500,6 +586,7 @@ def _simulate(ops, outputs, size_of, aliases) -> int:
     keep = {t.name for t in outputs}
     buffer_of, size, holders = {}, {}, {}
     live = peak = 0
+    sibling = None  # (inputs, outputs, scratch) of the last op with scratch
     for i, op in enumerate(ops):
         for t in op.outputs:
             if t.name not in last and t.name not in keep:
@@ -520,7 +607,13 @@ def _simulate(ops, outputs, size_of, aliases) -> int:
             size[t.name] = n
             holders[t.name] = {t.name}
             live += n
-        peak = max(peak, live)
+        extra = scratch(op) if scratch else 0
+        if extra:
+            reads = {t.name for t in op.inputs if t.op.type not in _FREE}
+            if sibling and reads & sibling[0] and not reads & sibling[1]:
+                extra += sibling[2]
+            sibling = (reads, {t.name for t in op.outputs}, scratch(op))
+        peak = max(peak, live + extra)
         for t in op.inputs:
             if last.get(t.name) != i or t.name in keep:
                 continue
