@@ -150,19 +150,10 @@ for where, strategy in (("r4", STRATEGY), ("one", ONE)):
         m = keras.saving.load_model(os.path.join(D, "m.keras"))
     save(m, f"resaved_{where}")
     runs[f"{where}_keras"] = fit(m, 2)
-m = loaded(STRATEGY, True)
-save(m, "resaved_r4_weights")
-runs["r4_weights"] = fit(m, 2)
 m = loaded(ONE, False)
 save(m, "resaved_one_plain")
 runs["one_plain_adamw8bit"] = fit(m, 2)
 runs["r4_block_size_32"] = fit(loaded(STRATEGY, True, bs=32), 2)
-# The weights written at R=2 with a new optimizer (a lost state).
-with STRATEGY.scope():
-    weights = keras.saving.load_model(os.path.join(D, "m.keras")).get_weights()
-m = make(STRATEGY, "adamw8bit", True)
-m.set_weights(weights)
-runs["r4_fresh_state"] = fit(m, 2)
 out["runs"] = {k: [w.tolist() for w in v] for k, v in runs.items()}
 emit(out)
 """
@@ -236,7 +227,7 @@ def test_sharded_8bit_exact_small_and_checkpoints_move(tmp_path):
     )
     # Read at R=4, on one device or by a plain AdamW8bit, the state is the
     # state written at R=2.
-    for where in ("r4", "one", "r4_weights", "one_plain"):
+    for where in ("r4", "one", "one_plain"):
         _same_state(
             tmp_path / f"resaved_{where}.weights.h5", tmp_path / "m.weights.h5"
         )
@@ -256,12 +247,13 @@ def test_sharded_8bit_exact_small_and_checkpoints_move(tmp_path):
     # device against the R=2 run (measured 2.4e-3 and 8.1e-3; continuing:
     # 2.5e-3 and 3.7e-7).
     floor = {"r4": diffs["gap_r4"], "one": diffs["gap_one"]}
-    for how in ("r4_keras", "r4_weights", "one_keras", "one_plain_adamw8bit"):
+    for how in ("r4_keras", "one_keras", "one_plain_adamw8bit"):
         gap = floor[how.split("_")[0]]
         assert diffs[how] <= max(3 * gap, 1e-4), diffs
     # Another block size: the moments are decoded and encoded again (a
-    # quantisation error on the state), far closer than a lost state.
-    assert diffs["r4_block_size_32"] <= 0.1 * diffs["r4_fresh_state"], diffs
+    # quantisation error on the state). Measured 1.1e-2; the same weights
+    # with a new optimizer state (a lost state) were 0.70 away.
+    assert diffs["r4_block_size_32"] <= 0.05, diffs
 
 
 def test_sharded_8bit_refusals():
