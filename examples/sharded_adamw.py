@@ -62,14 +62,14 @@ def train(strategy, sharded, x, y):
             optimizer=optimizer,
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         )
-    model.fit(x, y, batch_size=64, epochs=3, shuffle=False, verbose=0)
+    model.fit(x, y, batch_size=64, epochs=2, shuffle=False, verbose=0)
     return model
 
 
 def main():
     rng = np.random.default_rng(0)
-    x = rng.normal(size=(1024, 64)).astype("float32")
-    y = rng.integers(0, 10, size=(1024,))
+    x = rng.normal(size=(512, 64)).astype("float32")
+    y = rng.integers(0, 10, size=(512,))
     strategy = tf.distribute.MirroredStrategy(
         [f"CPU:{i}" for i in range(REPLICAS)]
     )

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -102,13 +103,38 @@ def step_peak():
     return measure_step_peak
 
 
+def pytest_collection_modifyitems(config, items):
+    """Runs the tests marked `slow` first (stable order otherwise).
+
+    With `-n 2` the two workers then share the long subprocess tests from
+    the start and end together on the many short ones, instead of one
+    worker finishing a two-minute test alone at the end.
+    """
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+def pytest_collection_finish(session):
+    """Keeps Python's garbage collection cheap in the test processes.
+
+    A full `gc.collect()` walks every tracked object: with TensorFlow, Keras
+    and the test modules imported that is ~380,000 objects and 0.3-0.4 s.
+    What is imported by now lives as long as the process, so it is moved
+    out of the collector's sight once (`gc.freeze()`); later collections
+    walk only what the tests made.
+    """
+    gc.collect()
+    gc.freeze()
+
+
 @pytest.fixture(autouse=True)
 def _clean_keras_state():
     """Each test starts from float32, a fresh Keras session and fixed seeds."""
     import keras
 
     keras.config.set_dtype_policy("float32")
-    keras.backend.clear_session()
+    # No full `gc.collect()` per test (`free_memory=True` costs 0.3-0.7 s a
+    # test); memory tests measure peaks above the bytes held before them.
+    keras.backend.clear_session(free_memory=False)
     keras.utils.set_random_seed(0)
     yield
     keras.config.set_dtype_policy("float32")

@@ -79,4 +79,5 @@ def test_sharded_adamw_example_quarters_the_state():
     assert ratio <= 0.25 * 1.02, stdout
     assert diff <= 1e-5, stdout
     assert "reloaded on one device: loss" in stdout, stdout
-    assert re.search(r"iterations 64$", stdout, re.M), stdout
+    # 2 epochs of 8 batches sharded, then 1 epoch on one device.
+    assert re.search(r"iterations 24$", stdout, re.M), stdout

@@ -75,6 +75,7 @@ def test_v010_file_loads_predicts_and_trains(name):
     assert any(not np.array_equal(a, b) for a, b in zip(before, after))
 
 
+@pytest.mark.slow
 def test_v010_files_load_after_plain_import_tfmemopt():
     """A fresh interpreter that imports only `tfmemopt` (and the fixture
     task class) resolves every registered name in the saved configs."""

@@ -89,6 +89,7 @@ def test_reads_batch_tells_tokens_from_positions():
     assert seen == {"mixed": True, "positions": False}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "build, data",
     [
@@ -403,6 +404,7 @@ def test_auto_warns_when_its_one_segment_is_the_whole_model():
 # -- 7. x-only data, dict inputs --------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("as_dataset", [False, True])
 def test_find_batch_size_takes_x_only(as_dataset):
     """keras-io captcha OCR is fit on a dict of inputs, no y."""

@@ -30,7 +30,7 @@ def make_model(accumulation=None):
         return tfmemopt.Model(inp, out, accumulation_steps=accumulation)
     return keras.Model(inp, out)
 
-def train(strategy, make_opt, sharded, epochs=3, accumulation=None,
+def train(strategy, make_opt, sharded, epochs=2, accumulation=None,
           spe=1, policy="float32", x=X):
     keras.config.set_dtype_policy(policy)
     keras.utils.set_random_seed(0)
@@ -132,10 +132,15 @@ def _check_optimizers(out, replicas):
             assert nbytes <= plain[device] / replicas * 1.02, (name, r)
 
 
+# At R=4 (uneven partitions of 37x61, 61, 61x5 and 5 elements).
+AT_FOUR = ["sgd_nesterov", "adamw_exclude_bias", "nadam"]
+
+
 @pytest.mark.slow
 def test_elementwise_optimizers_two_replicas():
+    names = [name for name in ALL if name not in AT_FOUR]
     out = run_in_subprocess(
-        COMMON + f"NAMES = {ALL!r}\nSTAGE2 = ['adam', 'nadam']\n" + OPTIMIZERS,
+        COMMON + f"NAMES = {names!r}\nSTAGE2 = ['adam']\n" + OPTIMIZERS,
         n_cpus=2,
         timeout=600,
     )
@@ -144,10 +149,9 @@ def test_elementwise_optimizers_two_replicas():
 
 @pytest.mark.slow
 def test_elementwise_optimizers_four_replicas():
-    names = ["sgd_nesterov", "adamw_exclude_bias", "nadam"]
     out = run_in_subprocess(
         COMMON
-        + f"NAMES = {names!r}\nSTAGE2 = ['adamw_exclude_bias']\n"
+        + f"NAMES = {AT_FOUR!r}\nSTAGE2 = ['adamw_exclude_bias']\n"
         + OPTIMIZERS,
         n_cpus=4,
         timeout=600,

@@ -150,6 +150,7 @@ def test_suggest_accumulation_bad_input(args, error, match):
 # --- find_batch_size on a real model ----------------------------------------
 
 
+@pytest.mark.slow
 def test_oom_layer_is_searched_and_the_model_recovers():
     model = wide_model(threshold=100, optimizer="sgd")
     x, y = data()

@@ -237,6 +237,7 @@ print("OK", p.estimated_peak)
 """
 
 
+@pytest.mark.slow
 def test_sharded_plan_applies_and_trains_under_mirrored_strategy():
     # Two logical CPUs must be set before TensorFlow starts: a subprocess.
     import os
