@@ -55,7 +55,7 @@ def test_min_counted_bytes_accumulation_counts_the_full_batch_input():
         model, 256, accumulation_steps=4, min_counted_bytes=CPU_STATS_MIN_BYTES
     )
     assert est.inputs == 256 * 512 * F32 + 256 * 512 * F32  # x and y
-    assert est.accumulation == 2 * 512 * 512 * F32  # the kernels' buffers
+    assert est.accumulation == 0  # float32: the gradients are the buffers
 
 
 @pytest.mark.parametrize("bad", [-1, 2.5, "256k", True])
@@ -183,3 +183,23 @@ def test_optimizer_update_temporaries_of_the_largest_weight():
         state = est.parameters + est.gradients + est.optimizer_state
         assert est.total >= state + copies * kernel
         assert est.total <= state + copies * kernel + 64 * 1024
+
+
+class _Float32Only(keras.layers.Layer):
+    """Adds a float32 constant: fails when its input is bfloat16."""
+
+    def __init__(self, offset):
+        super().__init__()
+        self.offset = offset
+
+    def call(self, x):
+        return x + tf.constant(self.offset, tf.float32)
+
+
+def test_mixed_policy_falls_back_to_scaling_when_a_layer_cannot_run_it():
+    model = _with_layer_norm(_Float32Only(1.0))
+    est = estimate_memory(model, 512, policy="mixed_bfloat16")
+    assert any("2-byte activations" in n for n in est.notes)
+    assert {
+        layer.dtype_policy.name for layer in sublayers(model, include_self=True)
+    } == {"float32"}

@@ -22,6 +22,7 @@ from tfmemopt.accumulation import Model
 from tfmemopt.distribute import ShardedOptimizer
 from tfmemopt.estimate._activation_rules import checkpointed_activations
 from tfmemopt.estimate._activation_rules import unknown_layers
+from tfmemopt.estimate._optimizer_state import _SLOTS
 from tfmemopt.estimate._optimizer_state import _itemsize
 from tfmemopt.estimate._optimizer_state import optimizer_state_bytes
 from tfmemopt.estimate._optimizer_state import resolve_optimizer
@@ -57,8 +58,10 @@ class MemoryEstimate:
         gradients: Int, one gradient per trainable weight.
         optimizer_state: Int, the optimizer's slots (e.g. Adam: 2 per
             weight).
-        accumulation: Int, float32 gradient accumulators
-            (`accumulation_steps > 1`).
+        accumulation: Int, with `accumulation_steps > 1`: what the float32
+            gradient accumulators need beyond `gradients` (they take the
+            gradients' place; 0 for float32 weights), plus the sparse rows
+            kept for embedding gradients.
         inputs: Int, the input batch and the micro-batch being processed.
         activations: Int, forward tensors kept for the backward pass.
         temporaries: Int, what the backward pass needs on top at its peak.
@@ -195,6 +198,11 @@ def estimate_memory(
     - accumulation traces one micro-batch and adds float32 accumulators;
     - `replicas` splits the global batch; each replica holds all weights.
 
+    The simulated step also counts the copies TensorFlow's Einsum kernel
+    makes (and those of two gradients that run at once), lets element-wise
+    ops write into an input only they read, and counts the optimizer
+    update's temporaries (docs/estimator.md).
+
     Args:
         model: A built `keras.Model` (functional, sequential, or
             subclassed and built).
@@ -292,14 +300,16 @@ def estimate_memory(
     # above the activations, the inputs and the dense gradients counted
     # in `gradients` is a temporary.
     temporaries = max(0, step.peak - step.saved - grads - step.inputs)
-    # After the backward pass the optimizer updates each weight with
-    # temporaries of the weight's size (activations freed by then).
+    if replicas > 1:  # the all-reduce's packed copy of the gradients
+        temporaries += grads
+    # After the backward pass (and the all-reduce) the optimizer updates
+    # each weight with temporaries of the weight's size; the activations
+    # are freed by then.
     update = _update_temporaries(trainable, s)
     after = step.gradients + update - grads - activations
     temporaries = max(temporaries, after)
     inputs, accumulation = _accumulation(trainable, step, s, notes)
     if replicas > 1:
-        temporaries += grads
         notes.append(
             f"{replicas} replicas: batch {s.per_replica} per replica, a "
             "packed copy of the gradients for the all-reduce"
@@ -418,10 +428,9 @@ def _trace(model, s: _Settings, input_shape=None, sequence_length=None):
             s.policy.variable_dtype == model.dtype_policy.variable_dtype
         ):
             swapped = _swap_policies(model, s.policy)
-    model_compute = _itemsize(model.compute_dtype)
-    rescale = s.compute != model_compute and traced is model
-    try:
-        step = trace_step(
+
+    def trace(rescale):
+        return trace_step(
             traced,
             s.micro,
             activation_itemsize=s.compute if rescale else None,
@@ -429,12 +438,19 @@ def _trace(model, s: _Settings, input_shape=None, sequence_length=None):
             sequence_length=sequence_length,
             min_counted_bytes=s.floor,
         )
-    finally:
-        for layer, policy in swapped:
-            layer.dtype_policy = policy
+
     if swapped:
-        s.policy_in_place = True
-    return traced, step, rescale
+        try:
+            step = trace(False)
+            s.policy_in_place = True
+            return traced, step, False
+        except Exception:  # noqa: BLE001 - a layer not written for 16 bits
+            pass  # (e.g. adds a float32 constant): the scaling rule
+        finally:
+            for layer, policy in swapped:
+                layer.dtype_policy = policy
+    rescale = s.compute != _itemsize(model.compute_dtype) and traced is model
+    return traced, trace(rescale), rescale
 
 
 def _swap_policies(model, policy):
@@ -532,11 +548,16 @@ def _accumulation(trainable, step, s: _Settings, notes):
     inputs += sum(
         _counted(n * s.per_replica // s.micro, s) for n in step.input_sizes
     )
-    # Dense gradients are summed into float32 buffers; sparse ones
-    # (embedding lookups) stay sparse: every micro-batch's rows are
-    # kept, then concatenated when the window ends (two copies).
+    # Dense gradients are summed into float32 accumulators as each
+    # micro-batch makes them: the first micro-batch's gradients become the
+    # accumulators, the next ones are added and dropped (measured: the
+    # MLP's window held one set of gradients, not two). So the
+    # accumulators are the `gradients`, plus their float32 excess when
+    # the weights are 16-bit. Sparse ones (embedding lookups) stay sparse:
+    # every micro-batch's rows are kept, then concatenated when the window
+    # ends (two copies).
     accumulation = sum(
-        _counted(math.prod(v.shape) * 4, s)
+        _counted(math.prod(v.shape) * 4, s) - _counted(_weight_bytes(v, s), s)
         for i, v in enumerate(trainable)
         if i not in step.sparse_rows
     )
@@ -549,7 +570,7 @@ def _accumulation(trainable, step, s: _Settings, notes):
     )
     notes.append(
         f"accumulation: micro-batch {s.micro} x {s.accumulation_steps}, "
-        "float32 accumulators"
+        "float32 accumulators (counted in `gradients`, which they replace)"
         + (
             f"; sparse gradients keep the batch's rows ({format_bytes(rows)})"
             if rows
@@ -566,15 +587,19 @@ def _update_temporaries(trainable, s: _Settings) -> int:
     gradient (an embedding's rows) is made dense first (measured on CPU:
     the embedding model's Adam update held two 9.8 MiB tensors of its
     20000 x 128 table at batch 64, where the step itself held 4 MiB).
-    Optimizers with no state (plain SGD) make one."""
+    Optimizers with no state (plain SGD) make one. Counted for Keras's
+    element-wise optimizers (the slot table of `_optimizer_state`); not for
+    others (tfmemopt's 8-bit optimizers update in pieces of 2**18 values,
+    Adafactor's factored update, probed optimizers): 0 there."""
     sizes = [_weight_bytes(v, s) for v in trainable]
-    if not sizes:
+    inner = getattr(s.optimizer, "inner_optimizer", None) or s.optimizer
+    if not sizes or type(inner).__name__ not in _SLOTS:
         return 0
-    _, how = optimizer_state_bytes(
-        s.optimizer, [((1,), s.policy.variable_dtype)]
-    )
-    copies = 1 if " 0 slot" in how else 2
-    return copies * _counted(max(sizes), s)
+    copies = 2 if _SLOTS[type(inner).__name__](inner.get_config()) else 1
+    largest = max(sizes)
+    if isinstance(s.optimizer, ShardedOptimizer) and s.replicas > 1:
+        largest = -(-largest // s.replicas)  # each replica updates its part
+    return copies * _counted(largest, s)
 
 
 def _by_layer(step) -> list:
