@@ -488,15 +488,28 @@ def _optimizer_bytes(trainable, s: _Settings):
         if _counted(_weight_bytes(v, s), s)
     ]
     if isinstance(s.optimizer, ShardedOptimizer) and s.replicas > 1:
-        # Each replica keeps ceil(n / R) elements of every slot.
-        parts = [
-            ((-(-math.prod(shape) // s.replicas),), d) for shape, d in shapes
-        ]
-        nbytes, how = optimizer_state_bytes(s.optimizer.inner_optimizer, parts)
-        return nbytes, (
-            f"ShardedOptimizer({how}), 1/{s.replicas} of it per replica"
-        )
+        return _sharded_state_bytes(s.optimizer.inner_optimizer, shapes, s)
     return optimizer_state_bytes(s.optimizer, shapes)
+
+
+def _sharded_state_bytes(inner, shapes, s: _Settings):
+    """`(bytes, how)` one replica keeps under `ShardedOptimizer(inner)`.
+
+    Each variable's state is counted whole, as `inner` keeps it (an 8-bit
+    optimizer decides 8-bit or float32 on the whole variable), then cut as
+    the sharding cuts it: into R parts of whole units, a unit being
+    `inner.shard_alignment(shape)` elements (a block of 8-bit codes and its
+    scale) or one element; a replica holds at most ceil(units / R).
+    """
+    align = getattr(inner, "shard_alignment", lambda shape: 1)
+    nbytes = 0
+    for shape, dtype in shapes:
+        whole, _ = optimizer_state_bytes(inner, [(shape, dtype)])
+        units = max(1, -(-math.prod(shape) // align(shape)))
+        held = -(-units // s.replicas)  # ceil(units / R)
+        nbytes += -(-whole * held // units)  # ceil(whole * held / units)
+    _, how = optimizer_state_bytes(inner, shapes)
+    return nbytes, f"ShardedOptimizer({how}), 1/{s.replicas} of it per replica"
 
 
 def _activations(model, traced, step, rescale, s: _Settings, notes) -> int:
