@@ -58,9 +58,11 @@ def test_memory_tools_on_every_client(subprocess_runner):
                 assert peak > f["budget"] and reason, (name, f)
         assert f["largest_fitting"] >= 0.9 * r["batch"], (name, f)
         # Its trial at `batch` measures what the independent step did
-        # (a fresh trace, state counted as the statistics count it).
+        # (a fresh trace, state counted as the statistics count it):
+        # measured 0.87x (captcha OCR, whose x-only trial runs `fit`) to
+        # 1.15x (MobileNetV2) over two runs.
         at_batch = [t for t in f["trials"] if t[0] == r["batch"]]
-        assert at_batch and at_batch[0][2] >= 0.8 * r["measured"], (name, f)
+        assert at_batch and at_batch[0][2] >= 0.75 * r["measured"], (name, f)
         assert f["batch_size"] <= f["largest_fitting"], (name, f)
 
         # plan: a budget between the model state and the plain step's
