@@ -55,7 +55,7 @@ def test_min_counted_bytes_accumulation_counts_the_full_batch_input():
         model, 256, accumulation_steps=4, min_counted_bytes=CPU_STATS_MIN_BYTES
     )
     assert est.inputs == 256 * 512 * F32 + 256 * 512 * F32  # x and y
-    assert est.accumulation == 0  # float32: the gradients are the buffers
+    assert est.accumulation == 2 * 512 * 512 * F32  # the kernels' buffers
 
 
 @pytest.mark.parametrize("bad", [-1, 2.5, "256k", True])
