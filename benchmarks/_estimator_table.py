@@ -28,7 +28,9 @@ NOTES = (
     "keeps every intermediate of the loop body: the LSTM's step measured "
     "799 MiB at batch 512 and 676 MiB with 4 micro-batches, now 327 and "
     "149 MiB).",
-    "mixed_bfloat16: estimated on the model rebuilt under the policy. "
+    "mixed_bfloat16: estimated on the model rebuilt under the policy (a "
+    "model with keras-io layers, which cannot be rebuilt: with the policy "
+    "set on its layers for the trace). "
     "Keras keeps BatchNormalization, LayerNormalization, Embedding lookups "
     "and the loss in float32 and the gradient of each cast is a cast: "
     "these float32 copies, not CPU kernels, are why a BatchNorm CNN or an "
@@ -38,6 +40,22 @@ NOTES = (
     "oneDNN's fused bfloat16 MatMul+BiasAdd takes a scratchpad of about 3x "
     "its output during the call (found for issue #5), a transient of one "
     "op.",
+    "Not modelled, seen in the allocator's own trace of measured steps "
+    "(tf.profiler, every allocation with its op): (1) whole chunks: the "
+    "text transformer at batch 32 held 16 MiB tensors in 20, 22 and 28 "
+    "MiB chunks, about 45 MiB above its tensors at the peak, and the cnn "
+    "at batch 512 31 MiB; in the steps after the first the chunks differ "
+    "with the executor's order (one step alone measured 397 and 381 MiB "
+    "against these tables' 435 and 415); (2) Grappler's memory optimizer "
+    "turned the cnn's largest 3-input gradient sum (AddN, 64 MiB at batch "
+    "512) into an accumulation into a temporary variable whose zeros are "
+    "a constant kept for the whole run (64 MiB held across steps; not at "
+    "batches 32 and 128: the rewrite depends on Grappler's own estimate "
+    "of the peak against the device's memory); (3) oneDNN's MaxPool keeps "
+    "a workspace of 1 byte per output element; (4) the executor runs "
+    "independent backward ops on two threads, so more gradient "
+    "temporaries are alive at once than one op at a time (the cnn's "
+    "BatchNorm gradient branches).",
 )
 
 
@@ -111,20 +129,25 @@ def write_table(rows, models):
                 small[r["model"]] = int(n.split("=")[1])
     if small:
         notes += (
-            "- Every row: the same allocator statistics miss allocations "
-            "below 256 KiB, and the estimate counts them. Model state "
-            "(weights, gradients, Adam slots) in such allocations: "
+            "- Every row is estimated as the measurement sees it "
+            "(`min_counted_bytes=CPU_STATS_MIN_BYTES`): the allocator "
+            "statistics miss allocations below 256 KiB, so the estimate "
+            "leaves out every tensor, weight, gradient and optimizer slot "
+            "below 256 KiB. Model state in such allocations, which a GPU "
+            "would count: "
             + ", ".join(f"{k} {v / MIB:.1f} MiB" for k, v in small.items())
-            + "; activations below 256 KiB are missed too at the smallest "
-            "batches. This pushes the error up at small batch sizes; the "
-            "errors above are not corrected for it.\n"
+            + ". Without the option (the estimate for a GPU) the small "
+            "batches' rows are higher by that and by their small "
+            "activations.\n"
         )
     text = (
         "Estimated total against the measured peak of one training step "
         "(CPU allocator via oneDNN, median of 3 steps after a warm-up, above "
         "the usage before the model was built; Adam; `tfmemopt.Model`, "
         "micro-batches strictly one at a time; estimated with "
-        "`trainer='tfmemopt'`). One fresh process per case. Variants at the "
+        "`trainer='tfmemopt'` and `min_counted_bytes=CPU_STATS_MIN_BYTES`, "
+        "what oneDNN's CPU allocator statistics count: allocations of 256 "
+        "KiB and more). One fresh process per case. Variants at the "
         "middle batch size. `spread`: range of the 3 peaks; `/ base`: the "
         "variant's measured peak over the plain float32 step at the same "
         "batch. Memory only: the machine's load (shared, other jobs "
