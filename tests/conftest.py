@@ -126,21 +126,15 @@ def pytest_collection_finish(session):
     gc.freeze()
 
 
-_TESTS_RUN = 0
-
-
 @pytest.fixture(autouse=True)
 def _clean_keras_state():
     """Each test starts from float32, a fresh Keras session and fixed seeds."""
     import keras
 
-    global _TESTS_RUN
     keras.config.set_dtype_policy("float32")
-    # A full `gc.collect()` every 10th test, not before each (Keras's
-    # `clear_session()` does one: 0.3-0.7 s a test); memory tests measure
-    # peaks above the bytes held before them.
-    _TESTS_RUN += 1
-    keras.backend.clear_session(free_memory=_TESTS_RUN % 10 == 0)
+    # With a full `gc.collect()` (cheaper after `gc.freeze()` above): without
+    # it, in-process memory tests saw the previous tests' garbage.
+    keras.backend.clear_session()
     keras.utils.set_random_seed(0)
     yield
     keras.config.set_dtype_policy("float32")
