@@ -103,16 +103,6 @@ def step_peak():
     return measure_step_peak
 
 
-def pytest_collection_modifyitems(config, items):
-    """Runs the tests marked `slow` first (stable order otherwise).
-
-    With `-n 2` the two workers then share the long subprocess tests from
-    the start and end together on the many short ones, instead of one
-    worker finishing a two-minute test alone at the end.
-    """
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
-
-
 def pytest_collection_finish(session):
     """Keeps Python's garbage collection cheap in the test processes.
 
