@@ -81,6 +81,22 @@ def run_in_subprocess(
     return json.loads(results[-1])
 
 
+def saved_optimizer_state(path) -> dict:
+    """The optimizer's arrays in a `.weights.h5` file, by their h5 path."""
+    import h5py
+    import numpy as np
+
+    out = {}
+    with h5py.File(path, "r") as f:
+
+        def visit(name, obj):
+            if isinstance(obj, h5py.Dataset) and name.startswith("optimizer"):
+                out[name] = np.asarray(obj)
+
+        f.visititems(visit)
+    return out
+
+
 @pytest.fixture
 def subprocess_runner():
     return run_in_subprocess

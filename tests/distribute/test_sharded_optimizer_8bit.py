@@ -16,10 +16,10 @@ same codes. Two subprocesses:
   floor between replica counts (measured in the same run).
 """
 
-import h5py
 import numpy as np
 import pytest
 from conftest import run_in_subprocess
+from conftest import saved_optimizer_state as _optimizer_state
 
 import tfmemopt
 from tfmemopt.distribute import ShardedOptimizer
@@ -157,18 +157,6 @@ runs["r4_block_size_32"] = fit(loaded(STRATEGY, True, bs=32), 2)
 out["runs"] = {k: [w.tolist() for w in v] for k, v in runs.items()}
 emit(out)
 """
-
-
-def _optimizer_state(path):
-    out = {}
-    with h5py.File(path, "r") as f:
-
-        def visit(name, obj):
-            if isinstance(obj, h5py.Dataset) and name.startswith("optimizer"):
-                out[name] = np.asarray(obj)
-
-        f.visititems(visit)
-    return out
 
 
 def _same_state(a, b):

@@ -10,10 +10,10 @@ run does (to the all-reduce rounding floor).
 import json
 import os
 
-import h5py
 import numpy as np
 import pytest
 from conftest import run_in_subprocess
+from conftest import saved_optimizer_state as _optimizer_state
 
 COMMON = """
 import json, os, numpy as np, keras, tfmemopt
@@ -92,18 +92,6 @@ if R == 1:
     out["unwrapped_adamw"] = fit(m, 2)
 emit(out)
 """
-
-
-def _optimizer_state(path):
-    out = {}
-    with h5py.File(path, "r") as f:
-
-        def visit(name, obj):
-            if isinstance(obj, h5py.Dataset) and name.startswith("optimizer"):
-                out[name] = np.asarray(obj)
-
-        f.visititems(visit)
-    return out
 
 
 @pytest.mark.slow

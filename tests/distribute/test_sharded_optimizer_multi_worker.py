@@ -16,10 +16,10 @@ import subprocess
 import sys
 import time
 
-import h5py
 import numpy as np
 import pytest
 from conftest import ROOT
+from conftest import saved_optimizer_state as _optimizer_state
 
 WORKER = r"""
 import json, os, sys
@@ -87,18 +87,6 @@ def _free_ports(n):
     for s in socks:
         s.close()
     return ports
-
-
-def _optimizer_state(path):
-    out = {}
-    with h5py.File(path, "r") as f:
-
-        def visit(name, obj):
-            if isinstance(obj, h5py.Dataset) and name.startswith("optimizer"):
-                out[name] = np.asarray(obj)
-
-        f.visititems(visit)
-    return out
 
 
 @pytest.mark.slow
