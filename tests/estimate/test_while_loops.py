@@ -18,9 +18,11 @@ def test_lstm_loop_is_sized_from_its_accumulators():
         warnings.simplefilter("error")
         est = estimate_memory(model, B)
     # Keras's tape: per time step the four gate activations, tanh(c), the
-    # previous h and c, and the step's input twice (its accumulator and
-    # the unstacked input list); plus the one-element output list.
-    per_step = (7 * U + 2 * F) * B * F32
+    # previous h and c, and the step's input (its accumulator, for the
+    # kernel's gradient); plus the one-element output list. The unstacked
+    # input list is read only by the gradient of the model's input, which
+    # is pruned before the step runs.
+    per_step = (7 * U + F) * B * F32
     assert dict(est.layers)["lstm"] == T * per_step + B * U * F32 + 8
     assert not any("time steps" in n for n in est.notes)  # no rule needed
     # tfmemopt.Model's step takes one gradient of one loss with a
