@@ -16,6 +16,11 @@ fresh processes:
   prediction difference.
 
 Run: python benchmarks/clients.py [client ...] [--write]
+
+`--memory-tools`: instead, estimate_memory, find_batch_size and plan on
+every client in one fresh process (tests/clients/memory_tools.py says what
+is measured; the test suite runs three clients of it), printed as JSON and
+as the table of docs/clients.md ("The memory tools on the clients").
 """
 
 from __future__ import annotations
@@ -73,12 +78,66 @@ def measure(name: str) -> dict:
     return out
 
 
+MEMORY_TOOLS = """
+import json
+from tests.clients import memory_tools
+print("@@" + json.dumps(memory_tools.all_clients({names!r})))
+"""
+
+
+def _mib(n):
+    return f"{n / 2**20:.1f} MiB"
+
+
+def memory_tools_table(names) -> str:
+    out = _run(MEMORY_TOOLS.format(names=names))
+    print(json.dumps(out, indent=1))
+    rows = []
+    for name, r in out.items():
+        f, p = r["find"], r["plan"]
+        trial = [t for t in f["trials"] if t[0] == r["batch"]]
+        rows.append(
+            [
+                name,
+                str(r["batch"]),
+                _mib(r["measured"]),
+                _mib(r["estimate"]),
+                f"{r['error']:+.0%}",
+                f"{_mib(f['budget'])}: "
+                + (_mib(trial[0][2]) if trial else "-")
+                + f" -> {f['batch_size']}",
+                f"{p['batch']}, {_mib(p['budget'])}: "
+                f"{p['micro_batch_size']} x {p['accumulation_steps']}, "
+                f"{_mib(p['estimated_peak'])} / {_mib(p['measured'])}",
+                f"{r['seconds']:.0f}",
+            ]
+        )
+    from _report import table
+
+    return table(
+        [
+            "client",
+            "batch",
+            "step peak measured",
+            "estimate",
+            "error",
+            "find_batch_size (budget: trial at batch -> result)",
+            "plan (batch, budget: plan, estimated / measured)",
+            "s",
+        ],
+        rows,
+    )
+
+
 def main(argv):
     sys.path.insert(0, ROOT)
     from tests.clients.models import CLIENTS
 
     write = "--write" in argv
     names = [a for a in argv if not a.startswith("--")] or list(CLIENTS)
+    if "--memory-tools" in argv:
+        print(memory_tools_table(names))
+        return
     rows = []
     for name in names:
         r = measure(name)
