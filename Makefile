@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 # default only on some CPUs (not on AMD EPYC), so ask for it explicitly.
 export TF_ENABLE_ONEDNN_OPTS ?= 1
 export TF_CPP_MIN_LOG_LEVEL ?= 2
-PYTEST_ARGS ?= -n 2 --dist worksteal
+PYTEST_ARGS ?= -n 2 --dist loadfile
 
 .PHONY: demo test lint format bench clean venv
 
