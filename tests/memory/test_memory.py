@@ -31,10 +31,18 @@ needs_stats = pytest.mark.skipif(
 def test_cpu_stats_count_only_allocations_of_256_kib_or_more(n_bytes, counted):
     # oneDNN's CPU allocator hands small requests to an allocator without
     # statistics: a model of small tensors reads as 0 MiB.
-    # The reading is process-wide: a tensor freed or allocated by another
-    # thread (a dataset prefetch left by an earlier test in this worker) can
-    # land between the two readings. Noise of that kind differs from try to
-    # try; a wrong counting rule gives the same wrong difference every time.
+    # The reading is process-wide and comes from a BFC allocator: a request
+    # may be handed a free chunk of up to twice its size whole (a 4 MiB
+    # tensor read as 6 MiB in every try after other tests ran in the same
+    # process, 256 KiB as 304 KiB), and another thread's tensor may land
+    # between the two readings (that differs from try to try). A wrong
+    # counting rule fails every try: a counted small tensor, or an uncounted
+    # large one.
+    def rule_holds(difference):
+        if counted == 0:
+            return difference == 0
+        return counted <= difference < 2 * counted
+
     differences = []
     for _ in range(5):
         before = memory.device_memory("CPU:0")["current"]
@@ -42,9 +50,9 @@ def test_cpu_stats_count_only_allocations_of_256_kib_or_more(n_bytes, counted):
         after = memory.device_memory("CPU:0")["current"]
         del tensor
         differences.append(after - before)
-        if differences[-1] == counted:
+        if rule_holds(differences[-1]):
             break
-    assert counted in differences, differences
+    assert any(rule_holds(d) for d in differences), differences
 
 
 @needs_stats
