@@ -503,7 +503,8 @@ def _ops_that_run(ops, outputs, roots=()) -> set:
 
     A gradient function builds the gradient of every input of its op, also
     of inputs that need none: the gradient of `x * scale` for a frozen
-    BatchNormalization's `scale`, or of a dropout mask. Those ops are in the
+    BatchNormalization's `scale`, or of the model's input (an LSTM's
+    unstacked input sequence). Those ops are in the
     traced graph, but TensorFlow prunes them before the step runs, so they
     keep no forward tensor alive (a MobileNetV2 with frozen
     BatchNormalization was estimated as if its normalisation inputs were
