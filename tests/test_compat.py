@@ -77,7 +77,7 @@ _OTHER_PRIVATE = [
     ("checkpointing/_apply", keras.layers.Layer, "_inbound_nodes"),
     ("checkpointing/_apply", keras.layers.Layer, "_outbound_nodes"),
     ("checkpointing/_apply", keras.layers.Layer, "_get_call_context"),
-    ("estimate/_step_graph", keras.Model, "_build_shapes_dict"),
+    ("estimate/_input_specs", keras.Model, "_build_shapes_dict"),
     (
         "accumulation/_accumulation_hooks",
         keras.optimizers.Optimizer,

@@ -41,7 +41,7 @@ def _synthetic_data(model, n: int = 64, input_shape=None, sequence_length=None):
     import numpy as np
     import tensorflow as tf
 
-    from tfmemopt.estimate._step_graph import input_specs
+    from tfmemopt.estimate._input_specs import input_specs
 
     rng = np.random.default_rng(0)
     specs = input_specs(model, n, input_shape, sequence_length)
