@@ -81,3 +81,32 @@ def test_sharded_adamw_example_quarters_the_state():
     assert "reloaded on one device: loss" in stdout, stdout
     # 2 epochs of 8 batches sharded, then 1 epoch on one device.
     assert re.search(r"iterations 24$", stdout, re.M), stdout
+
+
+@pytest.mark.slow
+def test_small_state_optimizers_example():
+    stdout = run_example(
+        "small_state_optimizers.py",
+        TF_ENABLE_ONEDNN_OPTS="1",
+        TFMEMOPT_EXAMPLE_EPOCHS="5",
+    )
+    rows = dict(
+        (name, (float(b), float(acc)))
+        for name, b, acc in re.findall(
+            r"^(keras AdamW|tfmemopt AdamW8bit|tfmemopt Adafactor)\s+"
+            r"([\d.]+)\s+([\d.]+)$",
+            stdout,
+            flags=re.M,
+        )
+    )
+    assert len(rows) == 3, stdout
+    adamw, eight, factored = (
+        rows["keras AdamW"],
+        rows["tfmemopt AdamW8bit"],
+        rows["tfmemopt Adafactor"],
+    )
+    assert adamw[0] == 8.0
+    assert eight[0] < 0.3 * adamw[0] and factored[0] < 0.02 * adamw[0]
+    assert adamw[1] > 0.9 and abs(eight[1] - adamw[1]) <= 0.02, stdout
+    assert factored[1] > 0.9, stdout
+    assert "8-bit state after save/load: bit for bit" in stdout
