@@ -22,102 +22,15 @@ from tfmemopt.accumulation import Model
 from tfmemopt.distribute import ShardedOptimizer
 from tfmemopt.estimate._activation_rules import checkpointed_activations
 from tfmemopt.estimate._activation_rules import unknown_layers
-from tfmemopt.estimate._optimizer_state import _SLOTS
 from tfmemopt.estimate._optimizer_state import _itemsize
 from tfmemopt.estimate._optimizer_state import optimizer_state_bytes
 from tfmemopt.estimate._optimizer_state import resolve_optimizer
+from tfmemopt.estimate._result import MemoryEstimate
 from tfmemopt.estimate._step_graph import trace_step
+from tfmemopt.estimate._update import chunks
+from tfmemopt.estimate._update import consumers
+from tfmemopt.estimate._update import update_temporaries
 from tfmemopt.precision._policy_clone import rebuilt_under
-
-_FIELDS = (
-    "parameters",
-    "gradients",
-    "optimizer_state",
-    "accumulation",
-    "inputs",
-    "activations",
-    "temporaries",
-)
-_LABELS = {
-    "parameters": "parameters",
-    "gradients": "gradients",
-    "optimizer_state": "optimizer state",
-    "accumulation": "accumulation buffers",
-    "inputs": "input batch",
-    "activations": "activations kept for backward",
-    "temporaries": "backward temporaries",
-}
-
-
-@dataclasses.dataclass
-class MemoryEstimate:
-    """Estimated memory of one training step on one device, in bytes.
-
-    Attributes:
-        parameters: Int, all model weights (trainable and not).
-        gradients: Int, one gradient per trainable weight.
-        optimizer_state: Int, the optimizer's slots (e.g. Adam: 2 per
-            weight).
-        accumulation: Int, float32 gradient accumulators
-            (`accumulation_steps > 1`), and the sparse rows kept for
-            embedding gradients.
-        inputs: Int, the input batch and the micro-batch being processed.
-        activations: Int, forward tensors kept for the backward pass.
-        temporaries: Int, what the backward pass needs on top at its peak.
-        total: Int, the sum: the estimated peak.
-        settings: Dict, the settings the estimate was made for.
-        layers: List of `(layer, bytes)`: activations kept, per layer.
-        notes: List of str: assumptions and warnings.
-    """
-
-    parameters: int
-    gradients: int
-    optimizer_state: int
-    accumulation: int
-    inputs: int
-    activations: int
-    temporaries: int
-    settings: dict = dataclasses.field(default_factory=dict)
-    layers: list = dataclasses.field(default_factory=list)
-    notes: list = dataclasses.field(default_factory=list)
-
-    @property
-    def total(self) -> int:
-        return sum(getattr(self, f) for f in _FIELDS)
-
-    def to_dict(self) -> dict:
-        """Plain-Python dict (JSON-serialisable) with every field, bytes."""
-        out = {f: int(getattr(self, f)) for f in _FIELDS}
-        out["total"] = int(self.total)
-        out["settings"] = dict(self.settings)
-        out["layers"] = [[name, int(n)] for name, n in self.layers]
-        out["notes"] = list(self.notes)
-        return out
-
-    def table(self, top: int = 5) -> str:
-        """Human-readable breakdown (KiB/MiB/GiB), largest layers, notes."""
-        width = max(len(v) for v in _LABELS.values())
-        lines = [
-            "Estimated training-step memory per device ("
-            + ", ".join(f"{k}={v}" for k, v in self.settings.items())
-            + ")"
-        ]
-        for f in _FIELDS:
-            lines.append(
-                f"  {_LABELS[f]:<{width}}  {format_bytes(getattr(self, f)):>11}"
-            )
-        lines.append(f"  {'total':<{width}}  {format_bytes(self.total):>11}")
-        if self.layers and top:
-            lines.append("Largest activations kept, by layer:")
-            for name, n in sorted(self.layers, key=lambda x: -x[1])[:top]:
-                lines.append(f"  {name:<{width}}  {format_bytes(n):>11}")
-        for note in self.notes:
-            lines.append(f"Note: {note}")
-        return "\n".join(lines)
-
-    def __str__(self) -> str:
-        return self.table()
-
 
 _POLICIES = (
     "float32",
@@ -199,8 +112,10 @@ def estimate_memory(
 
     The simulated step also counts the copies TensorFlow's Einsum kernel
     makes (and those of two gradients that run at once), lets element-wise
-    ops write into an input only they read, and counts the optimizer
-    update's temporaries (docs/estimator.md).
+    ops write into an input only they read, counts the optimizer update's
+    temporaries and frees each gradient when its weight's update has run
+    (`freed`), and, with `min_counted_bytes`, counts what the allocator's
+    whole chunks add (docs/estimator.md).
 
     Args:
         model: A built `keras.Model` (functional, sequential, or
@@ -304,10 +219,34 @@ def estimate_memory(
     # After the backward pass (and the all-reduce) the optimizer updates
     # each weight with temporaries of the weight's size; the activations
     # are freed by then.
-    update = _update_temporaries(trainable, s)
+    shards = s.replicas if isinstance(s.optimizer, ShardedOptimizer) else 1
+    update = update_temporaries(
+        [_weight_bytes(v, s) for v in trainable],
+        s.optimizer,
+        lambda n: _counted(n, s),
+        shards,
+    )
     after = step.gradients + update - grads - activations
     temporaries = max(temporaries, after)
+    freed = 0
+    if step.updating_peak is not None:
+        # Each gradient is consumed as it is made: by its weight's update,
+        # or added into its accumulator (then the window's update comes
+        # after the last micro-batch, with every gradient).
+        during = max(0, step.updating_peak - step.saved - step.inputs)
+        end = after + grads + activations if s.accumulation_steps > 1 else 0
+        x = max(activations + during, end) - grads - activations
+        temporaries, freed = max(0, x), max(0, -x)
     inputs, accumulation = _accumulation(trainable, step, s, notes)
+    if s.floor:  # the allocator of the CPU statistics: whole chunks
+        temporaries += chunks(
+            [_counted(_weight_bytes(v, s), s) for v in model.weights],
+            [_counted(_weight_bytes(v, s), s) for v in trainable],
+            s.optimizer,
+            s.accumulation_steps > 1,
+            step,
+            s.per_replica // s.micro,
+        )
     if replicas > 1:
         notes.append(
             f"{replicas} replicas: batch {s.per_replica} per replica, a "
@@ -321,6 +260,7 @@ def estimate_memory(
         inputs=int(inputs),
         activations=int(activations),
         temporaries=int(temporaries),
+        freed=int(freed),
         settings={
             "batch_size": batch_size,
             "optimizer": type(s.optimizer).__name__,
@@ -436,6 +376,12 @@ def _trace(model, s: _Settings, input_shape=None, sequence_length=None):
             input_shape=input_shape,
             sequence_length=sequence_length,
             min_counted_bytes=s.floor,
+            update=consumers(
+                s.optimizer,
+                s.accumulation_steps > 1,
+                s.replicas,
+                lambda v: _counted(_weight_bytes(v, s), s),
+            ),
         )
 
     if swapped:
@@ -588,28 +534,6 @@ def _accumulation(trainable, step, s: _Settings, notes):
         )
     )
     return inputs, accumulation
-
-
-def _update_temporaries(trainable, s: _Settings) -> int:
-    """Bytes of the temporaries of the optimizer's update of the largest
-    weight. Keras's Adam computes `(g - m)`, `square(g)`, `m * alpha` and
-    `sqrt(v)` as weight-sized tensors, two of them alive at once; a sparse
-    gradient (an embedding's rows) is made dense first (measured on CPU:
-    the embedding model's Adam update held two 9.8 MiB tensors of its
-    20000 x 128 table at batch 64, where the step itself held 4 MiB).
-    Optimizers with no state (plain SGD) make one. Counted for Keras's
-    element-wise optimizers (the slot table of `_optimizer_state`); not for
-    others (tfmemopt's 8-bit optimizers update in pieces of 2**18 values,
-    Adafactor's factored update, probed optimizers): 0 there."""
-    sizes = [_weight_bytes(v, s) for v in trainable]
-    inner = getattr(s.optimizer, "inner_optimizer", None) or s.optimizer
-    if not sizes or type(inner).__name__ not in _SLOTS:
-        return 0
-    copies = 2 if _SLOTS[type(inner).__name__](inner.get_config()) else 1
-    largest = max(sizes)
-    if isinstance(s.optimizer, ShardedOptimizer) and s.replicas > 1:
-        largest = -(-largest // s.replicas)  # each replica updates its part
-    return copies * _counted(largest, s)
 
 
 def _by_layer(step) -> list:

@@ -27,6 +27,7 @@ from tfmemopt._compat import sublayers
 from tfmemopt.estimate._input_specs import _as_call_arg
 from tfmemopt.estimate._input_specs import _loss_and_target_specs
 from tfmemopt.estimate._input_specs import input_specs
+from tfmemopt.estimate._kernels import _einsum_copies
 from tfmemopt.estimate._while_loops import while_loop_sizes
 
 # Ops whose output shares its input's buffer.
@@ -120,6 +121,10 @@ class StepGraph:
     sparse_rows: dict = dataclasses.field(default_factory=dict)
     # Bytes of each input (and target) tensor, every one counted.
     input_sizes: list = dataclasses.field(default_factory=list)
+    # The simulated step's allocations in order (`_simulate`'s `events`).
+    events: list = dataclasses.field(default_factory=list)
+    # Peak when each gradient is consumed as it is made (`update`), or None.
+    updating_peak: int | None = None
 
 
 def _nbytes(t, scale=None) -> int | None:
@@ -161,6 +166,7 @@ def trace_step(
     input_shape=None,
     sequence_length=None,
     min_counted_bytes: int = 0,
+    update=None,
 ) -> StepGraph:
     """Traces one training step of `model` at `batch_size` and measures it.
 
@@ -173,6 +179,11 @@ def trace_step(
             dtype policy; weight gradients and the loss keep their dtype.
         input_shape, sequence_length, min_counted_bytes: as for
             `estimate_memory` (tensors below `min_counted_bytes` count 0).
+        update: optional callable: the model's trainable variables -> a
+            list, per variable, of the sizes of the temporaries that consume
+            its gradient as soon as it is made (`[]`: consumed in place);
+            the step is then also simulated so (`updating_peak`; `events`
+            are from that run).
     """
     concrete, n_fwd, loss = _traced_step(
         model, batch_size, input_shape, sequence_length
@@ -236,13 +247,35 @@ def trace_step(
         )
 
     outputs = list(concrete.graph.outputs)
+    events = []
     peak = _simulate(
         ops,
         outputs,
         size_of,
         aliases,
         lambda op: _scratch(op, size_of, min_counted_bytes),
+        events=None if update is not None else events,
     )
+    updating_peak = None
+    if update is not None:
+        # The function's outputs are Identity ops at its end: the update
+        # reads the gradient they pass on.
+        consumed = {}
+        temps_of = update(model.trainable_variables)
+        for g, temps in zip(concrete.structured_outputs, temps_of):
+            g = getattr(g, "values", g)  # a sparse gradient's rows
+            if g is not None:
+                consumed[_source(g).name] = temps
+        ends = {t.op.name for t in outputs if _source(t).name != t.name}
+        updating_peak = _simulate(
+            [op for op in ops if op.name not in ends],
+            [_source(t) for t in outputs],
+            size_of,
+            aliases,
+            lambda op: _scratch(op, size_of, min_counted_bytes),
+            events=events,
+            consumed=consumed,
+        )
     input_sizes = [_nbytes(t) or 0 for t in concrete.graph.inputs]
     inputs = sum(counted(n) for n in input_sizes)
     grads = sum(counted(_nbytes(t, None) or 0) for t in outputs)
@@ -261,6 +294,8 @@ def trace_step(
         unknown=unknown,
         sparse_rows=sparse_rows,
         input_sizes=input_sizes,
+        events=events,
+        updating_peak=updating_peak,
     )
 
 
@@ -285,6 +320,13 @@ def _traced_step(
 
     concrete = tf.function(step).get_concrete_function(in_specs, y_specs)
     return concrete, mark["forward"], mark["loss"]
+
+
+def _source(t):
+    """The tensor that Identity ops pass on as `t`."""
+    while t.op.type == "Identity" and t.op.inputs:
+        t = t.op.inputs[0]
+    return t
 
 
 def _ops_that_run(ops, outputs, roots=()) -> set:
@@ -377,51 +419,6 @@ def _units_at(depth, fwd_ops, model_scope, path_of, saved_by_layer, size_of):
     return units, saved, outputs
 
 
-def _einsum_copies(equation: str):
-    """`(inputs copied, output copied)` by TensorFlow's Einsum kernel.
-
-    The kernel (einsum_op_impl.h) brings each operand to the order
-    `[batch, free, contract]` (labels sorted by kind, then by first
-    appearance; `[batch, contract, free]` is taken as is, with the matmul's
-    adjoint flag): any other order is a transposed copy. The BatchMatMul
-    writes `[batch, free of input 0, free of input 1]`; when the output's
-    labels are in another order that result is a temporary, transposed
-    into the output. `None` for what is not modelled (ellipses, one input).
-    """
-    if "..." in equation or "->" not in equation:
-        return None
-    lhs, out = equation.replace(" ", "").split("->")
-    ins = lhs.split(",")
-    if len(ins) != 2:
-        return None
-    ids = {}
-    for c in "".join(ins) + out:
-        ids.setdefault(c, len(ids))
-    other = (ins[1], ins[0])
-
-    def kind(c, i):
-        if c in other[i]:
-            return 0 if c in out else 2  # batch / contract
-        return 1 if c in out else 3  # free / reduced
-
-    copied = []
-    for i, labels in enumerate(ins):
-        kinds = [kind(c, i) for c in labels]
-        key = [(k, ids[c]) for k, c in zip(kinds, labels)]
-        swapped = [
-            (0 if k == 0 else 3 - k if k in (1, 2) else k, ids[c])
-            for k, c in zip(kinds, labels)
-        ]
-        copied.append(key != sorted(key) and swapped != sorted(swapped))
-    batch = sorted((c for c in ins[0] if kind(c, 0) == 0), key=ids.get)
-    free = [
-        sorted((c for c in labels if kind(c, i) == 1), key=ids.get)
-        for i, labels in enumerate(ins)
-    ]
-    result = "".join(batch + free[0] + free[1])
-    return copied, result != out
-
-
 def _scratch(op, size_of, floor=0) -> int:
     """Bytes an op allocates inside its kernel, freed when it returns."""
     if op.type != "Einsum" or len(op.inputs) != 2:
@@ -463,7 +460,14 @@ def _reusable_input(op, i, n, last, keep, buffer_of, holders):
     return None
 
 
-def _simulate(ops, outputs, size_of, aliases, scratch=None) -> int:
+def _event_key(name, lists):
+    """An event's key: `("list", name)` for a loop's TensorList."""
+    return ("list", name) if name in lists else name
+
+
+def _simulate(
+    ops, outputs, size_of, aliases, scratch=None, events=None, consumed=None
+):
     """Peak live bytes when `ops` run in order, freeing after last use.
 
     `aliases` maps a tensor to the tensor whose buffer it shares (a while
@@ -478,14 +482,17 @@ def _simulate(ops, outputs, size_of, aliases, scratch=None) -> int:
     for i, op in enumerate(ops):
         for t in op.inputs:
             last[t.name] = i
-    keep = {t.name for t in outputs}
+    consumed = consumed or {}
+    keep = {t.name for t in outputs if t.name not in consumed}
     buffer_of, size, holders = {}, {}, {}
+    lists = set()
     live = peak = 0
     sibling = None  # (inputs, outputs, scratch) of the last op with scratch
     for i, op in enumerate(ops):
         for t in op.outputs:
             if t.name not in last and t.name not in keep:
-                continue
+                if t.name not in consumed:
+                    continue
             shared = aliases.get(t.name)
             if shared is None and op.type in _ALIAS and op.inputs:
                 shared = op.inputs[0].name
@@ -507,14 +514,29 @@ def _simulate(ops, outputs, size_of, aliases, scratch=None) -> int:
             size[t.name] = n
             holders[t.name] = {t.name}
             live += n
+            if events is not None and n:
+                if t.dtype == tf.variant:  # a loop's list: its elements
+                    lists.add(t.name)  # are allocated one by one
+                events.append((_event_key(t.name, lists), n))
         extra = scratch(op) if scratch else 0
         if extra:
             reads = {t.name for t in op.inputs if t.op.type not in _FREE}
             if sibling and reads & sibling[0] and not reads & sibling[1]:
                 extra += sibling[2]
             sibling = (reads, {t.name for t in op.outputs}, scratch(op))
+            if events is not None:
+                events += [(("scratch", i), extra), (("scratch", i), None)]
         peak = max(peak, live + extra)
-        for t in op.inputs:
+        done = [t for t in op.outputs if t.name in consumed]
+        for t in done:
+            temps = [n for n in consumed[t.name] if n]
+            peak = max(peak, live + sum(temps))
+            if events is not None:
+                keys = [("update", t.name, j) for j in range(len(temps))]
+                events += list(zip(keys, temps)) + [(k, None) for k in keys]
+            if t.name not in last:
+                last[t.name] = i  # freed below, with the op's inputs
+        for t in list(op.inputs) + done:
             if last.get(t.name) != i or t.name in keep:
                 continue
             src = buffer_of.get(t.name)
@@ -522,6 +544,9 @@ def _simulate(ops, outputs, size_of, aliases, scratch=None) -> int:
                 continue
             holders[src].discard(t.name)
             if not holders[src]:
-                live -= size.pop(src)
+                n = size.pop(src)
+                live -= n
                 del holders[src]
+                if events is not None and n:
+                    events.append((_event_key(src, lists), None))
     return peak

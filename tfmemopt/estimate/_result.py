@@ -1,0 +1,108 @@
+"""What `estimate_memory` returns."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tfmemopt._utils import format_bytes
+
+_FIELDS = (
+    "parameters",
+    "gradients",
+    "optimizer_state",
+    "accumulation",
+    "inputs",
+    "activations",
+    "temporaries",
+)
+_LABELS = {
+    "parameters": "parameters",
+    "gradients": "gradients",
+    "optimizer_state": "optimizer state",
+    "accumulation": "accumulation buffers",
+    "inputs": "input batch",
+    "activations": "activations kept for backward",
+    "temporaries": "backward temporaries",
+}
+
+
+@dataclasses.dataclass
+class MemoryEstimate:
+    """Estimated memory of one training step on one device, in bytes.
+
+    Attributes:
+        parameters: Int, all model weights (trainable and not).
+        gradients: Int, one gradient per trainable weight.
+        optimizer_state: Int, the optimizer's slots (e.g. Adam: 2 per
+            weight).
+        accumulation: Int, float32 gradient accumulators
+            (`accumulation_steps > 1`), and the sparse rows kept for
+            embedding gradients.
+        inputs: Int, the input batch and the micro-batch being processed.
+        activations: Int, forward tensors kept for the backward pass.
+        temporaries: Int, what the backward pass (or the optimizer's
+            update) needs on top at its peak, including what the
+            allocator's whole chunks add (`min_counted_bytes > 0`).
+        freed: Int, what of the gradients counted above is already freed
+            at the peak: the optimizer updates each weight as soon as its
+            gradient is made and frees the gradient (or adds it into its
+            accumulator), so not every gradient is alive beside the
+            activations. Subtracted from the total.
+        total: Int, the sum, less `freed`: the estimated peak.
+        settings: Dict, the settings the estimate was made for.
+        layers: List of `(layer, bytes)`: activations kept, per layer.
+        notes: List of str: assumptions and warnings.
+    """
+
+    parameters: int
+    gradients: int
+    optimizer_state: int
+    accumulation: int
+    inputs: int
+    activations: int
+    temporaries: int
+    settings: dict = dataclasses.field(default_factory=dict)
+    layers: list = dataclasses.field(default_factory=list)
+    notes: list = dataclasses.field(default_factory=list)
+    freed: int = 0
+
+    @property
+    def total(self) -> int:
+        return sum(getattr(self, f) for f in _FIELDS) - self.freed
+
+    def to_dict(self) -> dict:
+        """Plain-Python dict (JSON-serialisable) with every field, bytes."""
+        out = {f: int(getattr(self, f)) for f in _FIELDS}
+        out["freed"] = int(self.freed)
+        out["total"] = int(self.total)
+        out["settings"] = dict(self.settings)
+        out["layers"] = [[name, int(n)] for name, n in self.layers]
+        out["notes"] = list(self.notes)
+        return out
+
+    def table(self, top: int = 5) -> str:
+        """Human-readable breakdown (KiB/MiB/GiB), largest layers, notes."""
+        width = max(len(v) for v in _LABELS.values())
+        lines = [
+            "Estimated training-step memory per device ("
+            + ", ".join(f"{k}={v}" for k, v in self.settings.items())
+            + ")"
+        ]
+        for f in _FIELDS:
+            lines.append(
+                f"  {_LABELS[f]:<{width}}  {format_bytes(getattr(self, f)):>11}"
+            )
+        if self.freed:
+            freed = "-" + format_bytes(self.freed)
+            lines.append(f"  {'freed before the peak':<{width}}  {freed:>11}")
+        lines.append(f"  {'total':<{width}}  {format_bytes(self.total):>11}")
+        if self.layers and top:
+            lines.append("Largest activations kept, by layer:")
+            for name, n in sorted(self.layers, key=lambda x: -x[1])[:top]:
+                lines.append(f"  {name:<{width}}  {format_bytes(n):>11}")
+        for note in self.notes:
+            lines.append(f"Note: {note}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()
