@@ -118,7 +118,7 @@ def step_peak(name: str, mode: str, batch: int | None = None) -> int:
     from tfmemopt.memory import measure_peak
 
     client = CLIENTS[name]
-    batch = batch or client.peak_batch
+    batch = batch or client.ckpt_batch or client.peak_batch
     data = client.fit_data(batch)
     x, y, sw = keras.utils.unpack_x_y_sample_weight(data)
     model = client.model()

@@ -7,6 +7,7 @@ import threading
 import warnings
 
 import keras
+import tensorflow as tf
 
 from tfmemopt.checkpointing import _policies as policies
 from tfmemopt.checkpointing._block import CheckpointBlock
@@ -308,7 +309,7 @@ def _build_stages(model, segments, report, state):
         x = inputs
         for stage, needed in stages:
             if needed:
-                x = [x] + [flat[j] for j in needed]
+                x = [_without_mask(x)] + [flat[j] for j in needed]
             x = stage(x, training=training)
         return x
 
@@ -316,6 +317,19 @@ def _build_stages(model, segments, report, state):
     state["model_call"] = True
     state["stages"] = [stage for stage, _ in stages]
     report.mode = "segments"
+
+
+def _without_mask(x):
+    """The boundary tensor without the Keras mask its producer attached.
+
+    A segment that takes model inputs recomputes the masks its layers were
+    called with from those inputs (a mask is input-derived, or it would
+    cross the boundary and there would be no cut). Passed on, the attached
+    mask would only make Keras warn that the segment drops it.
+    """
+    if getattr(x, "_keras_mask", None) is None:
+        return x
+    return tf.identity(x)  # shares the buffer; carries no mask
 
 
 def _replaying() -> set:

@@ -94,6 +94,29 @@ def _all_layers(model) -> list:
     return sublayers(model)
 
 
+def _stateless(op) -> bool:
+    """An operation without variables (no weights, no seed state): running
+    it again on the same inputs gives the same output."""
+    return not getattr(op, "variables", None)
+
+
+def input_derived(model) -> set[int]:
+    """Ids of the tensors computed from the model's inputs alone by
+    stateless operations (a padding mask, `not_equal(token_ids, 0)`).
+
+    Like the inputs themselves they are known at any point of the step: a
+    segment that needs one recomputes it from the inputs (cheap: no
+    weights), so it does not have to cross a segment boundary.
+    """
+    derived = {id(t) for t in keras.tree.flatten(model.inputs)}
+    inputs = set(derived)
+    for op in top_level(model):
+        ins = [id(t) for t in keras.tree.flatten(op.input)]
+        if ins and _stateless(op) and all(t in derived for t in ins):
+            derived |= {id(t) for t in keras.tree.flatten(op.output)}
+    return derived - inputs
+
+
 def chain_cuts(model) -> list[int] | None:
     """Positions `i` in `top_level(model)` whose output alone carries on.
 
@@ -101,9 +124,11 @@ def chain_cuts(model) -> list[int] | None:
     computed later depends on what came before: the place a segment can
     end. The model's inputs do not count (they stay alive for the whole
     step anyway, and a later segment takes the ones it needs, such as a
-    padding mask), and the cut tensor must not itself be a model output
-    (all outputs come from the last segment). `None` when the graph cannot
-    be read (a shared layer, a subclassed model).
+    padding mask), nor do tensors derived from the inputs alone by
+    stateless operations (`input_derived`: a later segment recomputes
+    them), and the cut tensor must not itself be a model output (all
+    outputs come from the last segment). `None` when the graph cannot be
+    read (a shared layer, a subclassed model).
     """
     ops = top_level(model)
     if not ops:
@@ -113,6 +138,7 @@ def chain_cuts(model) -> list[int] | None:
     try:
         ins = [[id(t) for t in keras.tree.flatten(op.input)] for op in ops]
         outs = [[id(t) for t in keras.tree.flatten(op.output)] for op in ops]
+        derived = input_derived(model)
     except (AttributeError, ValueError):
         return None
     final = {id(t) for t in keras.tree.flatten(model.outputs)}
@@ -120,16 +146,31 @@ def chain_cuts(model) -> list[int] | None:
     for i in range(len(ops) - 1):
         produced = {t for o in outs[: i + 1] for t in o}
         later = {t for j in range(i + 1, len(ops)) for t in ins[j]}
-        live = (produced & later) | (produced & final)
-        if len(outs[i]) == 1 and live == {outs[i][0]} - final:
+        live = ((produced & later) | (produced & final)) - derived
+        if len(outs[i]) == 1 and live == {outs[i][0]} - final - derived:
             cuts.append(i)
     return cuts
 
 
 def segment_inputs(model, start: int, stop: int) -> list[int]:
-    """Indices in `model.inputs` that operations `start:stop` consume."""
-    ops = top_level(model)[start:stop]
-    used = {id(t) for op in ops for t in keras.tree.flatten(op.input)}
+    """Indices in `model.inputs` that operations `start:stop` consume,
+    directly or through tensors derived from them (`input_derived`: the
+    segment recomputes those)."""
+    ops = top_level(model)
+    producer = {}
+    for op in ops:
+        for t in keras.tree.flatten(op.output):
+            producer[id(t)] = op
+    derived = input_derived(model)
+    used: set[int] = set()
+    todo = [t for op in ops[start:stop] for t in keras.tree.flatten(op.input)]
+    while todo:
+        t = todo.pop()
+        if id(t) in used:
+            continue
+        used.add(id(t))
+        if id(t) in derived:
+            todo.extend(keras.tree.flatten(producer[id(t)].input))
     return [j for j, t in enumerate(model.inputs) if id(t) in used]
 
 
