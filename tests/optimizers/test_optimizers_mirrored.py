@@ -22,7 +22,7 @@ grads = [np.round(rng.normal(size=(256, 12)) * 256).astype("float32") / 512
 def one_device():
     w = keras.Variable(w0)
     opt = Adam8bit(min_8bit_size=0, block_size=64)
-    opt._CHUNK = 300  # the piecewise path: 16 pieces of 16 rows
+    opt._CHUNK = 300  # the piecewise path: 12 pieces of 256 (4 blocks)
     for g in grads:
         opt.apply_gradients([(g, w)])
     return w.numpy(), [np.asarray(v) for v in opt.variables]
