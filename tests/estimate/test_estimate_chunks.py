@@ -1,14 +1,19 @@
 """estimate_memory: the allocator's whole chunks (a model of TensorFlow's BFC
-allocator), and gradients consumed by their update as soon as they are
-made. Every expected number below is counted by hand."""
+allocator), gradients consumed by their update as soon as they are made,
+and Grappler's rewrite of large gradient sums. Every expected number below
+is counted by hand."""
 
 import keras
 import pytest
 
 from tfmemopt import estimate_memory
+from tfmemopt.estimate import CPU_STATS_MIN_BYTES
+from tfmemopt.estimate import _step_graph
 from tfmemopt.estimate._allocator import BFCModel
 from tfmemopt.estimate._allocator import chunk_overhead
 from tfmemopt.estimate._allocator import rounded
+from tfmemopt.estimate._kernels import CPU_DEVICE_BYTES
+from tfmemopt.estimate._kernels import rewritten_sum_zeros
 
 MIB = 2**20
 F32 = 4
@@ -93,3 +98,31 @@ def test_each_gradient_is_freed_by_its_update_before_the_next(optimizer, temps):
     two = estimate_memory(model, 16, optimizer=optimizer, replicas=2)
     assert two.freed == 0
     assert two.total >= state + 2 * KERNEL + 2 * KERNEL
+
+
+def _three_readers():
+    # `h` has three readers: its gradient is a sum of three (AddN).
+    inp = keras.Input((1024,))
+    h = keras.layers.Dense(1024)(inp)
+    branches = [keras.layers.Dense(1024)(h) for _ in range(3)]
+    return keras.Model(inp, keras.layers.Add()(branches))
+
+
+def test_grappler_keeps_the_zeros_of_a_large_gradient_sum():
+    model = _three_readers()
+    # Batch 16384: every activation is 64 MiB and the step's simulated
+    # peak is above 0.8 x 256 MiB (the CPU device's memory as Grappler
+    # sees it); the sum of the three 64 MiB gradients of `h` is alive at
+    # the peak, so its 64 MiB of zeros stay allocated.
+    big = _step_graph.trace_step(model, 16384)
+    assert big.peak > 0.8 * CPU_DEVICE_BYTES
+    assert big.sums_at_peak == [16384 * 1024 * F32]
+    assert rewritten_sum_zeros(big) == 64 * MIB
+    est = estimate_memory(model, 16384, min_counted_bytes=CPU_STATS_MIN_BYTES)
+    assert any("Grappler" in n and "64.0 MiB" in n for n in est.notes)
+    # Batch 1024: the same sum is alive at a peak far below: no rewrite.
+    small = _step_graph.trace_step(model, 1024)
+    assert small.sums_at_peak == [1024 * 1024 * F32]
+    assert rewritten_sum_zeros(small) == 0
+    est = estimate_memory(model, 1024, min_counted_bytes=CPU_STATS_MIN_BYTES)
+    assert not any("Grappler" in n for n in est.notes)

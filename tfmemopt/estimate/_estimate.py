@@ -22,6 +22,7 @@ from tfmemopt.accumulation import Model
 from tfmemopt.distribute import ShardedOptimizer
 from tfmemopt.estimate._activation_rules import checkpointed_activations
 from tfmemopt.estimate._activation_rules import unknown_layers
+from tfmemopt.estimate._kernels import rewritten_sum_zeros
 from tfmemopt.estimate._optimizer_state import _itemsize
 from tfmemopt.estimate._optimizer_state import optimizer_state_bytes
 from tfmemopt.estimate._optimizer_state import resolve_optimizer
@@ -114,8 +115,9 @@ def estimate_memory(
     makes (and those of two gradients that run at once), lets element-wise
     ops write into an input only they read, counts the optimizer update's
     temporaries and frees each gradient when its weight's update has run
-    (`freed`), and, with `min_counted_bytes`, counts what the allocator's
-    whole chunks add (docs/estimator.md).
+    (`freed`), and, with `min_counted_bytes` (a CPU), counts what the
+    allocator's whole chunks add and the zeros that Grappler's rewrite of
+    large gradient sums keeps (docs/estimator.md).
 
     Args:
         model: A built `keras.Model` (functional, sequential, or
@@ -247,6 +249,14 @@ def estimate_memory(
             step,
             s.per_replica // s.micro,
         )
+        zeros = rewritten_sum_zeros(step)
+        if zeros:
+            temporaries += zeros
+            notes.append(
+                "Grappler rewrites gradient sums alive at the peak into "
+                "accumulations; their zeros stay allocated "
+                f"({format_bytes(zeros)}; the CPU device's 256 MiB)"
+            )
     if replicas > 1:
         notes.append(
             f"{replicas} replicas: batch {s.per_replica} per replica, a "

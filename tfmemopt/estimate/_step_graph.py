@@ -27,6 +27,9 @@ from tfmemopt._compat import sublayers
 from tfmemopt.estimate._input_specs import _as_call_arg
 from tfmemopt.estimate._input_specs import _loss_and_target_specs
 from tfmemopt.estimate._input_specs import input_specs
+from tfmemopt.estimate._kept import _FREE
+from tfmemopt.estimate._kept import _kept_for_backward
+from tfmemopt.estimate._kept import _units_at
 from tfmemopt.estimate._kernels import _einsum_copies
 from tfmemopt.estimate._while_loops import while_loop_sizes
 
@@ -41,18 +44,6 @@ _ALIAS = {
     "Snapshot",
     "EnsureShape",
     "PreventGradient",
-    "ReadVariableOp",
-}
-# Ops whose outputs are tiny or not device buffers.
-_FREE = {
-    "Const",
-    "Shape",
-    "ShapeN",
-    "Size",
-    "Rank",
-    "VarHandleOp",
-    "NoOp",
-    "BroadcastGradientArgs",
     "ReadVariableOp",
 }
 # Element-wise kernels that write their output into an input's buffer when
@@ -125,6 +116,9 @@ class StepGraph:
     events: list = dataclasses.field(default_factory=list)
     # Peak when each gradient is consumed as it is made (`update`), or None.
     updating_peak: int | None = None
+    # Bytes of each sum of 3 or more gradients (AddN) that has an input
+    # alive at the peak.
+    sums_at_peak: list = dataclasses.field(default_factory=list)
 
 
 def _nbytes(t, scale=None) -> int | None:
@@ -248,6 +242,7 @@ def trace_step(
 
     outputs = list(concrete.graph.outputs)
     events = []
+    alive = set()
     peak = _simulate(
         ops,
         outputs,
@@ -255,7 +250,15 @@ def trace_step(
         aliases,
         lambda op: _scratch(op, size_of, min_counted_bytes),
         events=None if update is not None else events,
+        at_peak=alive,
     )
+    sums = [
+        size_of(op.outputs[0]) or 0
+        for op in ops
+        if op.type == "AddN"
+        and len(op.inputs) > 2
+        and any(t.name in alive for t in op.inputs)
+    ]
     updating_peak = None
     if update is not None:
         # The function's outputs are Identity ops at its end: the update
@@ -296,6 +299,7 @@ def trace_step(
         input_sizes=input_sizes,
         events=events,
         updating_peak=updating_peak,
+        sums_at_peak=sums,
     )
 
 
@@ -363,62 +367,6 @@ def _ops_that_run(ops, outputs, roots=()) -> set:
     return run
 
 
-def _kept_for_backward(backward_ops, fwd_names, path_of, size_of):
-    """Forward tensors read by gradient ops: the activations kept.
-
-    Returns `(saved_by_layer, unknown)`: `[(layer path, bytes)]`, and the
-    labels of loop tensors whose size the graph does not say.
-    """
-    saved = {}
-    unknown = []
-    for op in backward_ops:
-        for t in op.inputs:
-            if t.op.name not in fwd_names or t.op.type in _FREE:
-                continue
-            if t.op.type == "Placeholder":
-                continue
-            saved[t.name] = t
-    saved_by_layer = []
-    for t in saved.values():
-        path = path_of(t.op.name)
-        n = size_of(t)
-        if n is None:
-            label = "/".join(path[1:]) or t.op.name
-            if label not in unknown and t.dtype == tf.variant:
-                unknown.append(label)
-            continue
-        saved_by_layer.append((path[1:] if path else (), n))
-    return saved_by_layer, unknown
-
-
-def _units_at(depth, fwd_ops, model_scope, path_of, saved_by_layer, size_of):
-    """Layers at `depth` below the model, in order, with saved/output bytes."""
-    units, saved, outputs = [], {}, {}
-    if model_scope is None:
-        return units, saved, outputs
-    for op in fwd_ops:
-        if not op.name.startswith(model_scope + "/"):
-            continue
-        path = path_of(op.name)
-        if len(path) <= depth:
-            continue
-        unit = path[1 : depth + 1]
-        if unit not in saved:
-            units.append(unit)
-            saved[unit] = 0
-            outputs[unit] = 0
-        for t in op.inputs:
-            src = path_of(t.op.name)[1 : depth + 1]
-            if len(src) == depth and src != unit and src in outputs:
-                if t.op.type not in _FREE and t.op.type != "Placeholder":
-                    n = size_of(t) or 0
-                    outputs[src] = max(outputs[src], n)
-    for path, n in saved_by_layer:
-        if tuple(path[:depth]) in saved:
-            saved[tuple(path[:depth])] += n
-    return units, saved, outputs
-
-
 def _scratch(op, size_of, floor=0) -> int:
     """Bytes an op allocates inside its kernel, freed when it returns."""
     if op.type != "Einsum" or len(op.inputs) != 2:
@@ -466,7 +414,14 @@ def _event_key(name, lists):
 
 
 def _simulate(
-    ops, outputs, size_of, aliases, scratch=None, events=None, consumed=None
+    ops,
+    outputs,
+    size_of,
+    aliases,
+    scratch=None,
+    events=None,
+    consumed=None,
+    at_peak=None,
 ):
     """Peak live bytes when `ops` run in order, freeing after last use.
 
@@ -526,6 +481,9 @@ def _simulate(
             sibling = (reads, {t.name for t in op.outputs}, scratch(op))
             if events is not None:
                 events += [(("scratch", i), extra), (("scratch", i), None)]
+        if at_peak is not None and live + extra > peak:
+            at_peak.clear()
+            at_peak.update(holders)
         peak = max(peak, live + extra)
         done = [t for t in op.outputs if t.name in consumed]
         for t in done:
