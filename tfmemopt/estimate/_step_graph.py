@@ -223,8 +223,12 @@ def trace_step(
         while t.name in aliases:  # a loop's pass-through list
             t = concrete.graph.get_tensor_by_name(aliases[t.name])
         if t.name in lists:
-            n, dtype, shared = lists[t.name]
-            return 0 if shared else int(n * scale(t, dtype))
+            # Its elements are allocated one by one: each below the floor
+            # is not counted.
+            n, dtype, shared, each = lists[t.name]
+            if shared or int(each * scale(t, dtype)) < min_counted_bytes:
+                return 0
+            return int(n * scale(t, dtype))
         n = _nbytes(t, scale)
         return 0 if n is not None and n < min_counted_bytes else n
 

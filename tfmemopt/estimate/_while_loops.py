@@ -89,9 +89,9 @@ def while_loop_sizes(ops, graph_def):
 
     Returns:
         `(sizes, aliases)`: `sizes` maps a variant tensor's name to
-        `(bytes, element dtype, shared)` for the lists that hold memory
-        (`shared`: the elements are a variable's buffer, no memory of their
-        own); `aliases`
+        `(bytes, element dtype, shared, bytes of one element)` for the lists
+        that hold memory (`shared`: the elements are a variable's buffer, no
+        memory of their own); `aliases`
         maps a `While` output to the input list it passes through.
     """
     library = {f.signature.name: f for f in graph_def.library.function}
@@ -101,13 +101,15 @@ def while_loop_sizes(ops, graph_def):
             t = op.inputs[0]
             if t.shape.is_fully_defined():
                 n = math.prod(t.shape.as_list()) * t.dtype.size
-                sizes[op.outputs[0].name] = (n, t.dtype, False)
+                dims = t.shape.as_list()
+                each = n // dims[0] if dims and dims[0] else n
+                sizes[op.outputs[0].name] = (n, t.dtype, False, each)
             continue
         if op.type == "ZerosLike" and op.inputs[0].name in sizes:
             # The gradient of a TensorList starts as zeros of its elements:
             # new tensors, also where the list shares a variable's buffer.
-            n, dtype, _ = sizes[op.inputs[0].name]
-            sizes[op.outputs[0].name] = (n, dtype, False)
+            n, dtype, _, each = sizes[op.inputs[0].name]
+            sizes[op.outputs[0].name] = (n, dtype, False, each)
             continue
         if op.type in _CALLS:
             try:
@@ -134,13 +136,14 @@ def while_loop_sizes(ops, graph_def):
                 if elem is None:
                     continue
                 shared = pushed.get(i) == "ReadVariableOp"
-                sizes[out.name] = (elem[0] * n_iter, elem[1], shared)
+                sizes[out.name] = (elem[0] * n_iter, elem[1], shared, elem[0])
             elif src.type == "TensorListReserve":
                 elem = _element_bytes(src)
                 filled = _static(src.inputs[1])
                 if elem is None or filled is None:
                     continue
-                sizes[out.name] = (elem[0] * int(filled), elem[1], False)
+                n = elem[0] * int(filled)
+                sizes[out.name] = (n, elem[1], False, elem[0])
             else:
                 aliases[out.name] = op.inputs[i].name
     return sizes, aliases
@@ -174,7 +177,8 @@ def _node_lists(call, fdef, library, n_iter, sizes, aliases):
                 filled = _static(outer.op.inputs[1])
                 if elem is not None and filled is not None:
                     n = elem[0] * int(filled)
-                    sizes[call.outputs[j].name] = (n, elem[1], False)
+                    entry = (n, elem[1], False, elem[0])
+                    sizes[call.outputs[j].name] = entry
             else:
                 aliases[call.outputs[j].name] = outer.name
             continue
@@ -188,6 +192,6 @@ def _node_lists(call, fdef, library, n_iter, sizes, aliases):
         if dims.ndim != 1 or any(int(d) < 0 for d in dims.tolist()):
             continue
         dtype = tf.as_dtype(src.attr["element_dtype"].type)
-        n = math.prod(int(d) for d in dims.tolist()) * dtype.size * n_iter
+        each = math.prod(int(d) for d in dims.tolist()) * dtype.size
         shared = pushed.get(k) == "ReadVariableOp"
-        sizes[call.outputs[j].name] = (n, dtype, shared)
+        sizes[call.outputs[j].name] = (each * n_iter, dtype, shared, each)
