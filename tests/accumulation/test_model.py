@@ -388,7 +388,7 @@ def test_recurrent_micro_batch_costs_what_keras_step_costs(step_peak):
     1.6x, not 1.0x: read in a worker that ran other tests, the allocator
     hands out whole chunks that earlier tests left (a chunk under twice the
     request is not split), and one full run read 1.37x (117.2 against 85.5
-    MiB) with the same code that reads 1.0-1.1x elsewhere."""
+    MiB) with code that stayed under 1.3x in the earlier full runs."""
     x = np.random.default_rng(0).random((512, 32, 256), "float32")
     y = np.zeros((512, 32, 1), "float32")
 
