@@ -367,7 +367,7 @@ def test_compiled_update_in_pieces_equals_one_piece_and_the_plain_ops(amsgrad):
     # (relative differences are larger only where m's update cancels),
     # and the codes are the same.
     from tfmemopt.optimizers import _quantization as q
-    from tfmemopt.optimizers import adam8bit
+    from tfmemopt.optimizers import _update_8bit as upd
 
     rng = np.random.default_rng(1)
     size, bs = 5000, 64
@@ -385,11 +385,11 @@ def test_compiled_update_in_pieces_equals_one_piece_and_the_plain_ops(amsgrad):
     ]
     codes, absmax = [c for c, _ in enc], [a for _, a in enc]
     alpha = tf.constant(0.01)
-    whole = adam8bit._compiled_whole(hyper)(g, codes, absmax, alpha)
-    pieces = adam8bit._compiled_pieces(hyper, 1024, 4)(g, codes, absmax, alpha)
+    whole = upd.compiled_whole(hyper)(g, codes, absmax, alpha)
+    pieces = upd.compiled_pieces(hyper, 1024, 4)(g, codes, absmax, alpha)
     for a, b in zip(tf.nest.flatten(whole), tf.nest.flatten(pieces)):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
-    plain = adam8bit._piece_step(hyper, g, codes, absmax, alpha, True, True)
+    plain = upd.piece_step(hyper, g, codes, absmax, alpha, True, True)
     for a, b in zip(plain[0], whole[0]):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
     for a, b in zip(plain[1], whole[1]):
