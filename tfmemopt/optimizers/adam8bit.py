@@ -275,15 +275,10 @@ class Adam8bit(_common.StateOptimizer):
         b2 = tf.cast(self.beta_2, f32)
         alpha = lr * tf.sqrt(1 - tf.pow(b2, step)) / (1 - tf.pow(b1, step))
         lazy = self.lazy_sparse and isinstance(gradient, tf.IndexedSlices)
-        bounds = None
         if eight and not lazy:
-            bounds = self._chunks(tuple(variable.shape))
-        if bounds is None:
-            return self._update_whole(
-                gradient, variable, target, slots, eight, alpha, lazy
-            )
-        return self._update_chunks(
-            gradient, variable, target, slots, alpha, bounds
+            return self._update_8bit(gradient, variable, target, slots, alpha)
+        return self._update_whole(
+            gradient, variable, target, slots, eight, alpha, lazy
         )
 
     # Elements per piece of a large 8-bit variable: XLA keeps about 14
@@ -304,34 +299,43 @@ class Adam8bit(_common.StateOptimizer):
             return None
         return piece, size // piece
 
-    def _update_chunks(self, gradient, variable, target, slots, alpha, bounds):
-        """The dense 8-bit update, a piece at a time, in one compiled loop
-        (`compiled_pieces`); the weights get one dense `assign_sub` (a
-        partial write would switch a weight to TensorFlow's copy-on-read
-        mode, and every forward pass would copy it)."""
+    def _update_8bit(self, gradient, variable, target, slots, alpha):
+        """The dense 8-bit update: one compiled function, in one piece
+        (`compiled_whole`) or a piece at a time in a compiled loop
+        (`compiled_pieces`, above `_CHUNK` elements). The weights get one
+        dense `assign_sub` (a partial write would switch a weight to
+        TensorFlow's copy-on-read mode, and every forward pass would copy
+        it)."""
         grad = _common.densify(gradient, variable)
         device = getattr(target, "device", "") or ""
         local = [
             (_common.local(c, device), _common.local(a, device))
             for c, a in slots
         ]
-        codes, absmax, delta = compiled_pieces(self._hyper(), *bounds)(
+        bounds = self._chunks(tuple(variable.shape))
+        if bounds is None:
+            step = compiled_whole(self._hyper())
+        else:
+            step = compiled_pieces(self._hyper(), *bounds)
+        codes, absmax, delta = step(
             tf.reshape(tf.cast(grad, tf.float32), [-1]),
             [tf.convert_to_tensor(c) for c, _ in local],
             [tf.convert_to_tensor(a) for _, a in local],
             alpha,
         )
-        return self._write_8bit(target, variable, local, codes, absmax, delta)
+        delta = tf.cast(tf.reshape(delta, variable.shape), target.dtype)
+        writes = [target.assign_sub(delta, read_value=False)]
+        for (c_var, a_var), c, a in zip(local, codes, absmax):
+            writes.append(c_var.assign(c, read_value=False))
+            writes.append(a_var.assign(a, read_value=False))
+        return writes
 
     def _update_whole(
         self, gradient, variable, target, slots, eight, alpha, lazy
     ):
+        """Float32 moments, or lazy sparse rows of 8-bit ones."""
         f32 = tf.float32
         shape = tuple(variable.shape)
-        if eight and not lazy:
-            return self._update_whole_8bit(
-                gradient, variable, target, slots, alpha
-            )
         state = [
             self._read(slot, eight, name == "m", shape)
             for slot, name in zip(slots, self._slot_names)
@@ -359,27 +363,6 @@ class Adam8bit(_common.StateOptimizer):
             writes = [target.assign_sub(delta, read_value=False)]
         for slot, name, value in zip(slots, self._slot_names, new):
             writes += self._write(slot, eight, name == "m", value, ok)
-        return writes
-
-    def _update_whole_8bit(self, gradient, variable, target, slots, alpha):
-        """The dense 8-bit update of a variable in one piece."""
-        grad = tf.cast(_common.densify(gradient, variable), tf.float32)
-        raws = [(_common.raw(c), _common.raw(a)) for c, a in slots]
-        codes, absmax, delta = compiled_whole(self._hyper())(
-            tf.reshape(grad, [-1]),
-            [tf.convert_to_tensor(c) for c, _ in raws],
-            [tf.convert_to_tensor(a) for _, a in raws],
-            alpha,
-        )
-        return self._write_8bit(target, variable, raws, codes, absmax, delta)
-
-    @staticmethod
-    def _write_8bit(target, variable, slots, codes, absmax, delta):
-        delta = tf.cast(tf.reshape(delta, variable.shape), target.dtype)
-        writes = [target.assign_sub(delta, read_value=False)]
-        for (c_var, a_var), c, a in zip(slots, codes, absmax):
-            writes.append(c_var.assign(c, read_value=False))
-            writes.append(a_var.assign(a, read_value=False))
         return writes
 
     def _hyper(self) -> tuple:
