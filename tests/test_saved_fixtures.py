@@ -28,6 +28,9 @@ CASES = [
     "wrapped",
     "accumulating_optimizer",
     "checkpointed",
+    # #23: checkpointing="auto" in the config; RecursionError before the fix
+    "checkpointed_auto",
+    "wrapped_auto",
 ]
 
 
@@ -55,6 +58,11 @@ def test_v010_file_loads_predicts_and_trains(name):
         assert model.accumulation_steps == 2
     elif name == "accumulating_optimizer":
         assert isinstance(model.optimizer, tfmemopt.AccumulatingOptimizer)
+    elif name.endswith("_auto"):
+        assert model.checkpointing == "auto"
+        target = model.model if name == "wrapped_auto" else model
+        report = tfmemopt.checkpointing.checkpointing_report(target)
+        assert report is not None and len(report.segments) >= 2, report
     else:
         assert any(
             isinstance(layer, tfmemopt.CheckpointBlock)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import warnings
+import weakref
 
 import keras
 import tensorflow as tf
@@ -16,6 +17,27 @@ from tfmemopt.checkpointing._safety import why_not_replayable
 
 _STATE = "_tfmemopt_checkpointing"
 _local = threading.local()
+
+
+class _State:
+    """What `enable_checkpointing` changed on one model, to undo it.
+
+    A plain object on purpose: Keras's saving walks every attribute that
+    `dir(model)` lists and descends into Keras objects, lists, tuples and
+    dicts. A dict here holding the segment blocks (whose loss owner is the
+    model) made a cycle that `load_model`, `load_weights` and
+    `BackupAndRestore` walked until `RecursionError` (Keras 3.15). The
+    loader skips any other object, so nothing in here is ever walked.
+    """
+
+    __slots__ = ("report", "patched", "model_call", "nested", "stages")
+
+    def __init__(self, report):
+        self.report = report
+        self.patched = []
+        self.model_call = False
+        self.nested = None
+        self.stages = []
 
 
 @dataclasses.dataclass
@@ -132,13 +154,13 @@ def enable_checkpointing(model: keras.Model, policy="auto") -> CheckpointReport:
             # A task model around a backbone: the backbone's own segments.
             report = enable_checkpointing(inner, "auto")
             report.inside = f"{model.name}/{report.inside or inner.name}"
-            state = {"report": report, "patched": [], "model_call": False}
-            state["nested"] = inner
+            state = _State(report)
+            state.nested = inner
             object.__setattr__(model, _STATE, state)
             _drop_traced_functions(model)
             return report
     report = CheckpointReport(policy=name, mode="layers")
-    state = {"report": report, "patched": [], "model_call": False}
+    state = _State(report)
     layers = None
     if policy == "auto":
         layers = policies.held_blocks(model)
@@ -147,7 +169,7 @@ def enable_checkpointing(model: keras.Model, policy="auto") -> CheckpointReport:
             _enable_segments(model, segments, report, state)
         elif not layers:
             policy = "blocks"
-    if not state["model_call"]:
+    if not state.model_call:
         if layers is None or not layers:
             layers = policies.select_layers(model, policy)
         for layer in layers:
@@ -156,7 +178,7 @@ def enable_checkpointing(model: keras.Model, policy="auto") -> CheckpointReport:
                 _skip(report, layer.name, reason)
                 continue
             _patch_layer(layer)
-            state["patched"].append(layer)
+            state.patched.append(layer)
             report.segments.append([layer.name])
     if not report.segments:
         raise ValueError(
@@ -204,11 +226,11 @@ def disable_checkpointing(model: keras.Model) -> None:
     state = getattr(model, _STATE, None)
     if state is None:
         return
-    if state.get("nested") is not None:
-        disable_checkpointing(state["nested"])
-    for layer in state["patched"]:
+    if state.nested is not None:
+        disable_checkpointing(state.nested)
+    for layer in state.patched:
         layer.__dict__.pop("call", None)
-    if state["model_call"]:
+    if state.model_call:
         model.__dict__.pop("call", None)
     object.__setattr__(model, _STATE, None)
     _drop_traced_functions(model)
@@ -217,7 +239,7 @@ def disable_checkpointing(model: keras.Model) -> None:
 def checkpointing_report(model: keras.Model) -> CheckpointReport | None:
     """The report of the checkpointing enabled on `model`, or `None`."""
     state = getattr(model, _STATE, None)
-    return None if state is None else state["report"]
+    return None if state is None else state.report
 
 
 def _skip(report, name, reason):
@@ -299,8 +321,12 @@ def _build_stages(model, segments, report, state):
             stages.extend((layer, needed) for layer in sub)
         else:
             block = CheckpointBlock(sub, name=f"{model.name}_ckpt{k}")
-            # Not tracked (no cycle): `add_loss` terms go to the model.
-            object.__setattr__(block, "_tfmemopt_loss_owner", model)
+            # `add_loss` terms go to the model. A weak reference, not the
+            # model: Keras's saving walks every attribute `dir()` lists,
+            # and a block pointing back at its model is a cycle there.
+            object.__setattr__(
+                block, "_tfmemopt_loss_owner", weakref.ref(model)
+            )
             stages.append((block, needed))
             report.segments.append(names)
 
@@ -314,8 +340,8 @@ def _build_stages(model, segments, report, state):
         return x
 
     object.__setattr__(model, "call", call)
-    state["model_call"] = True
-    state["stages"] = [stage for stage, _ in stages]
+    state.model_call = True
+    state.stages = [stage for stage, _ in stages]
     report.mode = "segments"
 
 

@@ -149,7 +149,8 @@ class CheckpointBlock(keras.layers.Layer):
         # A block that `enable_checkpointing` made for a model's segment is
         # not one of the model's tracked layers: the losses of the layers
         # inside it go to the model, which clears and collects them.
-        owner = self.__dict__.get("_tfmemopt_loss_owner") or self
+        owner_ref = self.__dict__.get("_tfmemopt_loss_owner")
+        owner = (owner_ref() if owner_ref is not None else None) or self
         out = checkpoint_call(forward, args, kwargs, self._state(), owner=owner)
         flat = tf.nest.flatten(out)
         for t, m in zip(flat, masks[0] if masks else []):
