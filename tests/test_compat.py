@@ -1,7 +1,8 @@
 """Keras's private attributes that tfmemopt reads still exist and behave.
 
 `tfmemopt/_compat.py` is the one module that reads Keras's private layer
-attributes; the other private names listed below are read where they are
+and optimizer attributes (each function is checked below); the other private
+names listed in `_OTHER_PRIVATE` are read, or overridden, where they are
 used (each with its module). When a Keras release renames one, the test
 names it, instead of a training step failing somewhere deep.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import inspect
 
 import keras
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -70,6 +72,14 @@ def test_call_takes_reads_what_keras_records():
     assert _compat.call_takes(keras.layers.Dropout(0.5), "training")
 
 
+class _CompileLoss:
+    """Stands for the object `model.compile` keeps as `_compile_loss`."""
+
+
+class _Masked:
+    """Stands for an eager tensor that a masking layer returned."""
+
+
 # Private names read outside _compat: (where, object, attribute).
 _OTHER_PRIVATE = [
     ("accumulation, checkpointing", keras.KerasTensor, "_keras_history"),
@@ -88,6 +98,41 @@ _OTHER_PRIVATE = [
         keras.optimizers.LossScaleOptimizer,
         "_stateful_handle_non_finite_grads",
     ),
+    # Without it the hook silently stops clipping after the all-reduce.
+    (
+        "accumulation/_accumulation_hooks",
+        keras.optimizers.Optimizer,
+        "_all_reduce_sum_gradients",
+    ),
+    ("accumulation/_window", keras.Model, "_loss_tracker"),
+    ("accumulation/_window", keras.Model, "_call_has_training_arg"),
+    ("accumulation/_window, _loss_normalization", _CompileLoss, "_flat_losses"),
+    ("accumulation/_loss_normalization", _Masked, "_keras_mask"),
+    (
+        "accumulation/_accumulating_optimizer",
+        keras.optimizers.Optimizer,
+        "_track_variable",
+    ),
+    (
+        "accumulation/_accumulating_optimizer",
+        keras.optimizers.Optimizer,
+        "_variables",
+    ),
+    (
+        "accumulation/_accumulating_optimizer, optimizers/_common",
+        keras.optimizers.Optimizer,
+        "_get_variable_index",
+    ),
+    (
+        "optimizers/_common",
+        keras.optimizers.Optimizer,
+        "_overwrite_variable_with_gradient",
+    ),
+    ("checkpointing/_recompute", keras.Variable, "_value"),
+    # Overridden by distribute/_keras_fixes (MultiWorkerFitFixes): a rename
+    # would silently skip the multi-worker fix.
+    ("distribute/_keras_fixes", keras.Model, "_maybe_symbolic_build"),
+    ("distribute/_keras_fixes", keras.Model, "_symbolic_build"),
 ]
 
 
@@ -96,10 +141,14 @@ def _instance_attributes():
     model.compile("sgd", "mse")
     model.build((None, 3))
     dense = model.get_layer("head")
+    model.compute_loss(y=tf.ones((2, 1)), y_pred=tf.ones((2, 1)))
     return {
         keras.KerasTensor: keras.Input((2,)),
         keras.Model: model,
         keras.layers.Layer: dense,
+        keras.Variable: keras.Variable(1.0),
+        _CompileLoss: model._compile_loss,
+        _Masked: keras.layers.Masking()(tf.ones((2, 3, 1))),
         keras.optimizers.Optimizer: keras.optimizers.SGD(),
         keras.optimizers.LossScaleOptimizer: (
             keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD())
@@ -126,8 +175,104 @@ def test_other_private_attributes_still_exist(where, cls, attribute):
 
 def test_tensorflow_private_attributes_still_exist():
     strategy = tf.distribute.get_strategy()
-    # distribute/_auto_strategy, distribute/_keras_fixes
+    # _compat.extended_multi_worker_mode
     assert hasattr(strategy.extended, "_in_multi_worker_mode")
+    # _compat.cross_device_ops
+    mirrored = tf.distribute.MirroredStrategy(["CPU:0"])
+    assert hasattr(mirrored.extended, "_cross_device_ops")
+    assert _compat.cross_device_ops(mirrored) is not None
+    assert _compat.cross_device_ops(strategy) is None
+    assert _compat.extended_multi_worker_mode(mirrored) is False
+    # distribute/_multi_step sets it, as Keras's own multi-step loop does.
+    empty = tf.experimental.Optional.empty(tf.TensorSpec([], tf.float32))
+    assert hasattr(empty, "_element_spec")
+
+
+# The optimizer internals behind _compat's optimizer functions, each read by
+# distribute/sharding.py: (function, optimizer, attribute).
+_OPTIMIZER_PRIVATE = [
+    ("var_key", "sgd", "_var_key"),
+    ("uses_weight_decay", "adamw", "_use_weight_decay"),
+    ("optimizer_strategy", "sgd", "_distribution_strategy"),
+    ("trainable_variables_of", "sgd", "_trainable_variables"),
+    ("nadam_u_product", "nadam", "_u_product"),
+    ("ema_averages", "ema", "_model_variables_moving_average"),
+    ("update_ema", "ema", "_update_model_variables_moving_average"),
+]
+
+
+def _built_optimizer(kind):
+    make = {
+        "sgd": lambda: keras.optimizers.SGD(0.1),
+        "adamw": lambda: keras.optimizers.AdamW(0.1, weight_decay=0.5),
+        "nadam": lambda: keras.optimizers.Nadam(0.1),
+        "ema": lambda: keras.optimizers.SGD(
+            0.1, use_ema=True, ema_momentum=0.5
+        ),
+    }
+    optimizer = make[kind]()
+    variables = [
+        keras.Variable([1.0, 2.0], name="kernel"),
+        keras.Variable([3.0], name="bias"),
+    ]
+    optimizer.build(variables)
+    return optimizer, variables
+
+
+@pytest.mark.parametrize(
+    "function, kind, attribute",
+    _OPTIMIZER_PRIVATE,
+    ids=[f for f, _, _ in _OPTIMIZER_PRIVATE],
+)
+def test_optimizer_private_attributes_still_exist(function, kind, attribute):
+    optimizer, _ = _built_optimizer(kind)
+    assert hasattr(optimizer, attribute), (
+        f"Keras {keras.__version__} has no {type(optimizer).__name__}."
+        f"{attribute}, which tfmemopt._compat.{function} reads "
+        "(for ShardedOptimizer)."
+    )
+
+
+def test_optimizer_functions_behave():
+    sgd, (kernel, bias) = _built_optimizer("sgd")
+    assert _compat.var_key(sgd, kernel) != _compat.var_key(sgd, bias)
+    assert _compat.var_key(sgd, kernel) == _compat.var_key(sgd, kernel)
+    assert _compat.optimizer_strategy(sgd) is tf.distribute.get_strategy()
+    assert _compat.optimizer_strategy(object(), "none") == "none"
+    assert _compat.trainable_variables_of(sgd) == [kernel, bias]
+    assert _compat.ema_averages(sgd) == []
+
+    adamw = keras.optimizers.AdamW(0.1, weight_decay=0.5)
+    adamw.exclude_from_weight_decay(var_names=["bias"])
+    adamw.build([kernel, bias])
+    assert _compat.uses_weight_decay(adamw, kernel)
+    assert not _compat.uses_weight_decay(adamw, bias)
+
+    nadam, _ = _built_optimizer("nadam")
+    assert float(_compat.nadam_u_product(nadam).numpy()) == 1.0
+
+    ema, (kernel, bias) = _built_optimizer("ema")
+    averages = _compat.ema_averages(ema)
+    assert [a.numpy().tolist() for a in averages] == [[0.0, 0.0], [0.0]]
+    kernel.assign([3.0, 4.0])
+    _compat.update_ema(ema, [kernel, bias])
+    # Keras's first EMA step (iterations == 0) copies the variable; later
+    # ones move by `ema_momentum`.
+    np.testing.assert_allclose(averages[0].numpy(), [3.0, 4.0])
+    ema.iterations.assign(1)
+    kernel.assign([5.0, 6.0])
+    _compat.update_ema(ema, [kernel, bias])
+    np.testing.assert_allclose(averages[0].numpy(), [4.0, 5.0])
+
+
+def test_model_strategy_is_none_outside_a_scope():
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    assert _compat.model_strategy(model) is None
+    with tf.distribute.MirroredStrategy(["CPU:0"]).scope():
+        inside = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    assert isinstance(
+        _compat.model_strategy(inside), tf.distribute.MirroredStrategy
+    )
 
 
 def test_in_xla_function_sees_jit_compile_only():

@@ -1,9 +1,13 @@
-"""The one module that reads Keras's private layer attributes.
+"""The one module that reads Keras's private layer and optimizer attributes.
 
 Keras 3 has no public API to list the layers tracked inside a layer (only
 models have `.layers`, and it is not recursive), to name its `Functional`
 class, or to say whether a layer's `call` takes `training` / `mask`. These
 helpers do it, each through one private attribute named in its docstring.
+The optimizer internals that `ShardedOptimizer` drives (a variable's key,
+weight decay per variable, Nadam's running product, the EMA averages, the
+strategy an optimizer was made under) and the strategy internals that
+`tfmemopt.distribute` reads are reached through functions here as well.
 Two more things Keras and TensorFlow do not say publicly live here too:
 whether the step being traced is XLA-compiled (`in_xla_function`), and which
 `LossScaleOptimizer` wraps an optimizer (`on_loss_scale_optimizer`). Nothing
@@ -115,3 +119,71 @@ def on_loss_scale_optimizer(hook) -> None:
 
     __init__._tfmemopt_hooks = _LOSS_SCALE_HOOKS
     cls.__init__ = __init__
+
+
+# -- optimizers ---------------------------------------------------------------
+
+
+def var_key(optimizer, variable) -> str:
+    """The key the optimizer files `variable`'s state under (`_var_key`)."""
+    return optimizer._var_key(variable)
+
+
+def uses_weight_decay(optimizer, variable) -> bool:
+    """Whether the optimizer decays `variable` (`_use_weight_decay`:
+    `exclude_from_weight_decay` and the variable's own setting)."""
+    return bool(optimizer._use_weight_decay(variable))
+
+
+def optimizer_strategy(optimizer, default=None):
+    """The `tf.distribute` strategy the optimizer was made under
+    (`_distribution_strategy`, set by Keras's TensorFlow optimizer), or
+    `default` for an optimizer that records none."""
+    return getattr(optimizer, "_distribution_strategy", default)
+
+
+def trainable_variables_of(optimizer) -> list:
+    """The variables the optimizer was built for (`_trainable_variables`)."""
+    return optimizer._trainable_variables
+
+
+def nadam_u_product(optimizer):
+    """Nadam's running product of momentum factors (`_u_product`), which it
+    advances outside `update_step`."""
+    return optimizer._u_product
+
+
+def ema_averages(optimizer) -> list:
+    """The EMA copies of the parameters (`_model_variables_moving_average`),
+    empty when `use_ema` is off or the optimizer is not built."""
+    averages = getattr(optimizer, "_model_variables_moving_average", None)
+    return [a for a in averages or [] if a is not None]
+
+
+def update_ema(optimizer, variables) -> None:
+    """One EMA step of the averages towards `variables`
+    (`_update_model_variables_moving_average`)."""
+    optimizer._update_model_variables_moving_average(variables)
+
+
+# -- tf.distribute ------------------------------------------------------------
+
+
+def model_strategy(model):
+    """The strategy `model` was made under, or None when made outside any
+    (`_distribute_strategy`; the public `distribute_strategy` falls back to
+    the current one)."""
+    return model._distribute_strategy
+
+
+def cross_device_ops(strategy):
+    """The strategy's cross-device ops (`extended._cross_device_ops`), or
+    None for a strategy that has none."""
+    return getattr(strategy.extended, "_cross_device_ops", None)
+
+
+def extended_multi_worker_mode(strategy):
+    """Whether the strategy spans several workers
+    (`extended._in_multi_worker_mode()`), or None where TF does not say."""
+    probe = getattr(strategy.extended, "_in_multi_worker_mode", None)
+    return None if probe is None else bool(probe())

@@ -12,6 +12,7 @@ import logging
 
 import tensorflow as tf
 
+from tfmemopt import _compat
 from tfmemopt.distribute._environment import Environment
 from tfmemopt.distribute._environment import detect_environment
 from tfmemopt.distribute._keras_distribution import check_keras_distribution
@@ -271,7 +272,7 @@ def describe(strategy=None) -> str:
     )
     if devices:
         text += f" (local devices: {', '.join(devices)})"
-    ops = getattr(strategy.extended, "_cross_device_ops", None)
+    ops = _compat.cross_device_ops(strategy)
     if ops is not None:
         text += f"; cross-device ops: {type(ops).__name__}"
     return text

@@ -25,6 +25,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from tfmemopt import _compat
 from tfmemopt.distribute._multi_step import make_multi_step_function
 
 
@@ -33,10 +34,9 @@ def in_multi_worker_mode(strategy=None) -> bool:
     strategy = strategy or tf.distribute.get_strategy()
     if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         return False
-    extended = strategy.extended
-    probe = getattr(extended, "_in_multi_worker_mode", None)
+    probe = _compat.extended_multi_worker_mode(strategy)
     if probe is not None:
-        return bool(probe())
+        return probe
     return strategy.cluster_resolver.cluster_spec().num_tasks("worker") > 1
 
 
@@ -86,7 +86,7 @@ class MultiWorkerFitFixes:
     """
 
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
-        strategy = self._distribute_strategy
+        strategy = _compat.model_strategy(self)
         if iterator is None or strategy is None:
             return super()._maybe_symbolic_build(
                 iterator=iterator, data_batch=data_batch
@@ -123,7 +123,7 @@ def uses_collective_ops(strategy) -> bool:
         return True
     if not isinstance(strategy, tf.distribute.MirroredStrategy):
         return False
-    ops = getattr(strategy.extended, "_cross_device_ops", None)
+    ops = _compat.cross_device_ops(strategy)
     return type(ops).__name__ == "CollectiveAllReduce"
 
 

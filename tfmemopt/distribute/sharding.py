@@ -7,6 +7,7 @@ import warnings
 import keras
 import tensorflow as tf
 
+from tfmemopt import _compat
 from tfmemopt._utils import ForwardsToInner
 from tfmemopt.distribute import _shard_state
 from tfmemopt.distribute._shard_layout import Layout
@@ -156,7 +157,7 @@ class ShardedOptimizer(ForwardsToInner, keras.optimizers.Optimizer):
             return
         inner = self.inner_optimizer
         strategy = tf.distribute.get_strategy()
-        own = getattr(inner, "_distribution_strategy", strategy)
+        own = _compat.optimizer_strategy(inner, strategy)
         if own is not strategy:
             raise ValueError(
                 f"The inner optimizer {inner.name!r} was created under "
@@ -212,7 +213,7 @@ class ShardedOptimizer(ForwardsToInner, keras.optimizers.Optimizer):
                 "context (inside `strategy.run`, as `model.fit` does)."
             )
         if trainable_variables is None:
-            trainable_variables = self._trainable_variables
+            trainable_variables = _compat.trainable_variables_of(self)
         with keras.name_scope(self.name, caller=self):
             _sharded_apply(self, list(grads), list(trainable_variables))
 
@@ -222,11 +223,13 @@ class ShardedOptimizer(ForwardsToInner, keras.optimizers.Optimizer):
             inner.finalize_variable_values(var_list)
             return
         plan = self._plan
-        averages = [plan.slot_of[id(a)] for a in _averages(inner)]
+        averages = [plan.slot_of[id(a)] for a in _compat.ema_averages(inner)]
         whole, _ = _shard_state.read_whole(plan.strategy, averages, [])
-        by_key = {inner._var_key(v): w for v, w in zip(plan.params, whole)}
+        by_key = {
+            _compat.var_key(inner, v): w for v, w in zip(plan.params, whole)
+        }
         for v in var_list:
-            value = by_key.get(inner._var_key(v))
+            value = by_key.get(_compat.var_key(inner, v))
             if value is not None:
                 v.assign(value)
 
@@ -357,14 +360,6 @@ class _Plan:
         self.replicated = replicated
         self.slot_of = {id(v): (v, layout) for v, layout in partitioned}
         self.strategy = None
-
-
-def _averages(inner):
-    return [
-        a
-        for a in getattr(inner, "_model_variables_moving_average", []) or []
-        if a is not None
-    ]
 
 
 def _build_sharded(inner, params, replicas):
@@ -547,12 +542,12 @@ def _clip(inner, parts, sq):
 def _gradient_pairs(inner, plan, grads, variables):
     """`(gradient, index of its parameter in plan.params)` for every
     gradient that is not None."""
-    index = {inner._var_key(p): i for i, p in enumerate(plan.params)}
+    index = {_compat.var_key(inner, p): i for i, p in enumerate(plan.params)}
     pairs = []
     for g, v in zip(grads, variables):
         if g is None:
             continue
-        key = inner._var_key(v)
+        key = _compat.var_key(inner, v)
         if key not in index:
             raise ValueError(
                 f"Unknown variable {v.path!r}: this ShardedOptimizer was "
@@ -566,7 +561,7 @@ def _gradient_pairs(inner, plan, grads, variables):
 
 def _advance_nadam(inner):
     """Nadam keeps a running product outside update_step."""
-    u = inner._u_product
+    u = _compat.nadam_u_product(inner)
     dtype = u.dtype
     inner.assign(
         u,
@@ -589,7 +584,7 @@ def _local_update(inner, plan, pairs, parts, current, lr):
         _advance_nadam(inner)
     if inner.weight_decay is not None:
         for _, i in pairs:
-            if inner._use_weight_decay(plan.params[i]):
+            if _compat.uses_weight_decay(inner, plan.params[i]):
                 view = views[i]
                 # Read per variable, as Keras's _apply_weight_decay does:
                 # reusing `lr` put a schedule's decay one rounding away
@@ -601,12 +596,14 @@ def _local_update(inner, plan, pairs, parts, current, lr):
         inner.update_step(g, views[i], lr)
     new = [view.value for view in views]
     if inner.use_ema:
-        inner._update_model_variables_moving_average(views)
+        _compat.update_ema(inner, views)
         if inner.ema_overwrite_frequency:
             overwrite = tf.equal(
                 (inner.iterations + 1) % inner.ema_overwrite_frequency, 0
             )
-            averages = [tf.convert_to_tensor(a) for a in _averages(inner)]
+            averages = [
+                tf.convert_to_tensor(a) for a in _compat.ema_averages(inner)
+            ]
             new = [tf.where(overwrite, a, n) for a, n in zip(averages, new)]
     return new
 
