@@ -63,8 +63,11 @@ def test_parameter_gradient_and_optimizer_bytes_by_hand(optimizer, slots):
     assert est.optimizer_state == slots * MLP_WEIGHTS * F32
 
 
-def test_adafactor_is_factored_by_hand():
-    est = estimate_memory(_mlp(), batch_size=8, optimizer="adafactor")
+def test_keras_adafactor_is_factored_by_hand():
+    # Keras's: "adafactor" alone is tfmemopt.optimizers.Adafactor.
+    est = estimate_memory(
+        _mlp(), batch_size=8, optimizer="keras.optimizers.Adafactor"
+    )
     assert est.optimizer_state == _adafactor_by_hand()
 
 

@@ -69,7 +69,12 @@ def _estimate_arguments(parser):
     parser.add_argument(
         "--optimizer",
         default=None,
-        help="optimizer name (default: the saved one, else adam)",
+        help="optimizer name, case-insensitive (default: the saved one, "
+        "else adam): Keras's (adam, adamw, sgd, ...), tfmemopt's (Adam8bit, "
+        "AdamW8bit, Adafactor, tfmemopt.optimizers.<name>) and every name "
+        "`tfmemopt plan` prints, e.g. 'tfmemopt.ShardedOptimizer(AdamW8bit, "
+        "stage=1)'. 'adafactor' is tfmemopt.optimizers.Adafactor; Keras's "
+        "is keras.optimizers.Adafactor",
     )
     parser.add_argument(
         "--policy",

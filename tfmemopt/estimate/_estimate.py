@@ -124,7 +124,10 @@ def estimate_memory(
             subclassed and built).
         batch_size: Int, the global batch size of one `fit` step.
         optimizer: `None` (the model's compiled optimizer, else Adam), a
-            name such as `"adam"`, or a `keras.optimizers.Optimizer`.
+            `keras.optimizers.Optimizer` or a name, case-insensitive:
+            Keras's (`"adamw"`), tfmemopt's (`"AdamW8bit"`, every name
+            `plan` prints); `"adafactor"` is `tfmemopt.optimizers.Adafactor`
+            (Keras's: `"keras.optimizers.Adafactor"`).
         policy: `None` (the model's dtype policy), a policy name such as
             `"mixed_bfloat16"`, or a `keras.DTypePolicy`.
         accumulation_steps: Int, defaults to `1`: micro-batches per step.

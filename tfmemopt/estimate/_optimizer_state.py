@@ -13,6 +13,8 @@ import math
 
 import keras
 
+from tfmemopt.estimate._optimizer_names import optimizer_from_name
+
 # Slots (full copies of each variable) per optimizer class, as a function
 # of its config.
 _SLOTS = {
@@ -48,16 +50,8 @@ def resolve_optimizer(optimizer, model):
     if isinstance(optimizer, keras.optimizers.Optimizer):
         return optimizer, "given"
     if isinstance(optimizer, str):
-        try:
-            return keras.optimizers.get(optimizer), "given"
-        except ValueError:
-            known = ", ".join(sorted(n.lower() for n in _SLOTS))
-            raise ValueError(
-                f"Unknown optimizer {optimizer!r}. Expected the name of a "
-                f"Keras optimizer (one of: {known}, ...) or a "
-                "`keras.optimizers.Optimizer` instance. Fix: pass e.g. "
-                "optimizer='adam'."
-            ) from None
+        opt, note = optimizer_from_name(optimizer)
+        return opt, f"given: {note}" if note else "given"
     raise TypeError(
         "`optimizer` must be None, a string such as 'adam', or a "
         "`keras.optimizers.Optimizer`. Received: "
