@@ -37,6 +37,13 @@ def state(opt):
     return [np.asarray(v).copy() for v in opt.variables]
 
 
+# max |w - w_full| / max |w_full - w_init|: the window's summed gradient
+# differs from the whole batch's by float rounding only; Adafactor carries
+# it, an 8-bit code may flip on it (docs/optimizers.md, "Accumulation and
+# 8-bit state"; the bound is tested in test_accumulation_8bit_bound.py)
+WHOLE_BATCH_DISTANCE = {"adamw8bit": 2e-2, "adafactor": 1e-4}
+
+
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 def test_tfmemopt_model_accumulation_updates_once_per_window(name):
     x, y = data()
@@ -49,11 +56,12 @@ def test_tfmemopt_model_accumulation_updates_once_per_window(name):
         runs[steps] = model
     assert int(runs[4].optimizer.iterations) == 4  # once per batch of 32
     start = [w.numpy() for w in tfmemopt.Model(*layers()).weights]
-    for w0, a, b in zip(start, runs[1].weights, runs[4].weights):
-        da, db = a.numpy() - w0, b.numpy() - w0
-        # the window's summed gradient differs from the whole batch's by
-        # float rounding only; an 8-bit code may flip on it
-        assert np.linalg.norm(da - db) <= 1e-3 * np.linalg.norm(da) + 1e-7
+    full = [w.numpy() for w in runs[1].weights]
+    moved = max(np.abs(a - w0).max() for a, w0 in zip(full, start))
+    diff = max(
+        np.abs(a - b.numpy()).max() for a, b in zip(full, runs[4].weights)
+    )
+    assert diff <= WHOLE_BATCH_DISTANCE[name] * moved
 
 
 def test_accumulating_optimizer_quantises_the_window_mean_once():
