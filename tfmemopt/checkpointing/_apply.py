@@ -320,7 +320,15 @@ def _build_stages(model, segments, report, state):
             sub = sub if isinstance(sub, list) else [sub]
             stages.extend((layer, needed) for layer in sub)
         else:
-            block = CheckpointBlock(sub, name=f"{model.name}_ckpt{k}")
+            # autocast=False: the segment passes its input on as it came,
+            # as the model's own graph does; each layer inside casts for
+            # itself. (A block casting to its own policy's compute dtype
+            # made a model built under mixed_bfloat16 and loaded under
+            # float32 train differently: bfloat16 boundaries cast to
+            # float32 and back, gradients rounded otherwise.)
+            block = CheckpointBlock(
+                sub, name=f"{model.name}_ckpt{k}", autocast=False
+            )
             # `add_loss` terms go to the model. A weak reference, not the
             # model: Keras's saving walks every attribute `dir()` lists,
             # and a block pointing back at its model is a cycle there.

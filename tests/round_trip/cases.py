@@ -1,0 +1,424 @@
+"""The round-trip matrix: every feature, every way a user saves (#23).
+
+Each case builds a compiled model the way a user would (same seed, same
+code, so the uninterrupted run and every restored run start alike). For a
+case, `run_case` trains:
+
+- an uninterrupted reference: 2 epochs;
+- an interrupted run: epoch 1 with `ModelCheckpoint` (a `.keras` file) and
+  `BackupAndRestore` active, preempted as epoch 2 begins; then `model.save`
+  and `model.save_weights` of what it holds.
+
+Then, for each way to save, it restores a model, compares its predictions
+and optimizer state with the interrupted model's, trains epoch 2 on it, and
+measures the distance to the reference, as a fraction of the reference's
+whole update (`max |w - w_ref| / max |w_ref - w_init|`).
+
+The module has no test of its own: tests/round_trip/test_round_trip.py runs
+the one-device cases in-process and the multi-device ones in a subprocess
+(which imports this module to get the same code).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import tfmemopt
+from tfmemopt.optimizers import Adafactor
+from tfmemopt.optimizers import AdamW8bit
+
+WAYS = ("save", "weights", "backup", "model_checkpoint")
+FEATURES, CLASSES, N, BATCH = 12, 3, 24, 8
+
+
+class Preempted(Exception):
+    """Raised by `_Preempt` to stop `fit` the way a lost machine would."""
+
+
+class _Preempt(keras.callbacks.Callback):
+    def on_epoch_begin(self, epoch, logs=None):
+        if epoch == 1:
+            raise Preempted()
+
+
+def _dense_stack(inputs, depth=6, width=16, prefix="d"):
+    h = inputs
+    for i in range(depth):
+        h = keras.layers.Dense(width, activation="tanh", name=f"{prefix}{i}")(h)
+    return h
+
+
+def _functional(**kwargs):
+    inputs = keras.Input((FEATURES,))
+    outputs = keras.layers.Dense(CLASSES, name="head")(_dense_stack(inputs))
+    return tfmemopt.Model(inputs, outputs, **kwargs)
+
+
+@keras.saving.register_keras_serializable(package="tfmemopt_tests")
+class Residual(keras.layers.Layer):
+    """A block made of sub-layers (what `checkpointing="blocks"` takes)."""
+
+    def __init__(self, width=16, **kwargs):
+        super().__init__(**kwargs)
+        self.width = width
+        self.inner = keras.layers.Dense(2 * width, activation="tanh")
+        self.outer = keras.layers.Dense(width)
+
+    def build(self, input_shape):
+        self.inner.build(input_shape)
+        self.outer.build(input_shape[:-1] + (2 * self.width,))
+
+    def call(self, x):
+        return x + self.outer(self.inner(x))
+
+    def get_config(self):
+        return {**super().get_config(), "width": self.width}
+
+
+@keras.saving.register_keras_serializable(package="tfmemopt_tests")
+class Subclassed(tfmemopt.Model):
+    """A subclassed `tfmemopt.Model`: stem, residual blocks, head."""
+
+    def __init__(self, blocks=3, **kwargs):
+        super().__init__(**kwargs)
+        self.blocks = blocks
+        self.stem = keras.layers.Dense(16)
+        self.body = [Residual(16) for _ in range(blocks)]
+        self.head = keras.layers.Dense(CLASSES)
+
+    def call(self, x):
+        h = self.stem(x)
+        for block in self.body:
+            h = block(h)
+        return self.head(h)
+
+    def get_config(self):
+        return {**super().get_config(), "blocks": self.blocks}
+
+
+def _sequential(**kwargs):
+    layers = [keras.Input((FEATURES,))]
+    layers += [keras.layers.Dense(16, activation="tanh") for _ in range(6)]
+    layers += [keras.layers.Dense(CLASSES)]
+    return tfmemopt.Model.wrap(keras.Sequential(layers), **kwargs)
+
+
+def _plain(**_):
+    inputs = keras.Input((FEATURES,))
+    outputs = keras.layers.Dense(CLASSES)(_dense_stack(inputs, depth=2))
+    return keras.Model(inputs, outputs)
+
+
+VOCAB, SEQ = 40, 8
+
+
+def _gpt2(**kwargs):
+    """A keras-hub task model the user did not write (tiny, no download)."""
+    import keras_hub
+
+    backbone = keras_hub.models.GPT2Backbone(
+        vocabulary_size=VOCAB,
+        num_layers=2,
+        num_heads=2,
+        hidden_dim=16,
+        intermediate_dim=32,
+        # No dropout: Keras does not save a Dropout layer's random state, so
+        # masks drawn after a resume differ from the uninterrupted run's
+        # (plain keras.Model too); see docs/pitfalls.md.
+        dropout=0.0,
+        max_sequence_length=SEQ,
+    )
+    task = keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
+    return tfmemopt.Model.wrap(task, **kwargs)
+
+
+def _adam():
+    return keras.optimizers.Adam(1e-2)
+
+
+def _sgd():
+    return keras.optimizers.SGD(
+        keras.optimizers.schedules.ExponentialDecay(0.05, 2, 0.9),
+        momentum=0.9,
+    )
+
+
+def _adamw8bit():
+    # min_8bit_size=64: this tiny model's kernels get 8-bit codes too.
+    return AdamW8bit(1e-2, weight_decay=0.01, block_size=64, min_8bit_size=64)
+
+
+def _adafactor():
+    return Adafactor(1e-2)
+
+
+def _sharded(stage, inner):
+    def make():
+        return tfmemopt.ShardedOptimizer(inner(), stage=stage)
+
+    return make
+
+
+def _accumulating():
+    return tfmemopt.AccumulatingOptimizer(_adam(), accumulation_steps=2)
+
+
+@dataclasses.dataclass
+class Case:
+    """One row: a model, its features, the optimizer; `replicas` > 1 runs
+    under `MirroredStrategy` on that many logical CPUs (in a subprocess)."""
+
+    model: str
+    optimizer: object
+    kwargs: dict = dataclasses.field(default_factory=dict)
+    policy: str = "float32"
+    replicas: int = 1
+    # 3 steps per epoch with accumulation_steps=2 across steps: the save
+    # falls mid-window, with a partial sum in the accumulators.
+    batch: int = BATCH
+    tokens: bool = False
+
+    def data(self):
+        rng = np.random.default_rng(7)
+        if self.tokens:
+            ids = rng.integers(1, VOCAB, size=(N, SEQ)).astype("int32")
+            padding = np.ones((N, SEQ), "int32")
+            padding[::3, -3:] = 0
+            return {"token_ids": ids, "padding_mask": padding}, ids
+        x = rng.normal(size=(N, FEATURES)).astype("float32")
+        y = rng.integers(0, CLASSES, size=(N,)).astype("int32")
+        return x, y
+
+    def build(self):
+        keras.utils.set_random_seed(1)
+        keras.config.set_dtype_policy(self.policy)
+        try:
+            model = _MODELS[self.model](**self.kwargs)
+            if not model.built:
+                x, _ = self.data()
+                model(keras.tree.map_structure(lambda a: a[:1], x))
+            model.compile(
+                optimizer=self.optimizer(),
+                loss=keras.losses.SparseCategoricalCrossentropy(
+                    from_logits=True
+                ),
+            )
+        finally:
+            keras.config.set_dtype_policy("float32")
+        return model
+
+
+_MODELS = {
+    "functional": _functional,
+    "sequential": _sequential,
+    "subclassed": lambda **kw: Subclassed(**kw),
+    "keras": _plain,
+    "gpt2": _gpt2,
+}
+
+CASES = {
+    "functional/accumulation": Case(
+        "functional", _adam, {"accumulation_steps": 2}
+    ),
+    "functional/auto": Case("functional", _sgd, {"checkpointing": "auto"}),
+    "functional/list+accumulation": Case(
+        "functional",
+        _adam,
+        {"checkpointing": ["d1", "d3"], "accumulation_steps": 2},
+    ),
+    "sequential/auto": Case("sequential", _adam, {"checkpointing": "auto"}),
+    "subclassed/blocks+accumulation": Case(
+        "subclassed",
+        _adam,
+        {"checkpointing": "blocks", "accumulation_steps": 2},
+    ),
+    "functional/adamw8bit": Case("functional", _adamw8bit),
+    "functional/adamw8bit+auto+accumulation": Case(
+        "functional",
+        _adamw8bit,
+        {"checkpointing": "auto", "accumulation_steps": 2},
+    ),
+    "functional/adafactor+accumulation": Case(
+        "functional", _adafactor, {"accumulation_steps": 2}
+    ),
+    "functional/mixed_float16+accumulation": Case(
+        "functional", _adam, {"accumulation_steps": 2}, "mixed_float16"
+    ),
+    "functional/mixed_bfloat16+adamw8bit+auto": Case(
+        "functional",
+        _adamw8bit,
+        {"checkpointing": "auto"},
+        "mixed_bfloat16",
+    ),
+    "keras/accumulating_optimizer": Case("keras", _accumulating, batch=8),
+    "gpt2/auto+accumulation": Case(
+        "gpt2",
+        _adam,
+        {"checkpointing": "auto", "accumulation_steps": 2},
+        tokens=True,
+    ),
+    "functional/sharded1+accumulation": Case(
+        "functional",
+        _sharded(1, _adam),
+        {"accumulation_steps": 2},
+        replicas=2,
+    ),
+    "functional/sharded2_adamw8bit+auto": Case(
+        "functional",
+        _sharded(2, _adamw8bit),
+        {"checkpointing": "auto"},
+        replicas=2,
+    ),
+}
+
+
+def _weights(model) -> list:
+    return [np.array(v.numpy(), copy=True) for v in model.weights]
+
+
+def _optimizer_state(model) -> list:
+    return [
+        np.array(keras.ops.convert_to_numpy(v.value), copy=True)
+        for v in model.optimizer.variables
+    ]
+
+
+def _max_diff(a, b) -> float:
+    assert len(a) == len(b), (len(a), len(b))
+    return max(
+        (
+            float(np.max(np.abs(x.astype("float64") - y.astype("float64"))))
+            for x, y in zip(a, b)
+            if x.size
+        ),
+        default=0.0,
+    )
+
+
+def run_case(name: str, workdir: str, strategy=None) -> dict:
+    """Trains, saves every way, restores, resumes; returns per-way figures.
+
+    `{way: {"predict": max |diff|, "state": max |diff| of the optimizer's
+    variables, "resume": distance to the uninterrupted run}}` and the
+    reference's `"update"` (max |w_ref - w_init|, which must be > 0).
+    """
+    case = CASES[name]
+    strategy = strategy or tf.distribute.get_strategy()
+    x, y = case.data()
+    fit = dict(batch_size=case.batch, shuffle=False, verbose=0)
+    with strategy.scope():
+        reference = case.build()
+    initial = _weights(reference)
+    reference.fit(x, y, epochs=2, **fit)
+    final = _weights(reference)
+    update = _max_diff(final, initial)
+
+    os.makedirs(workdir, exist_ok=True)
+    backup = os.path.join(workdir, "backup")
+    checkpoint = os.path.join(workdir, "checkpoint.keras")
+    saved = os.path.join(workdir, "model.keras")
+    weights = os.path.join(workdir, "model.weights.h5")
+    with strategy.scope():
+        model = case.build()
+    callbacks = [
+        keras.callbacks.BackupAndRestore(backup),
+        keras.callbacks.ModelCheckpoint(checkpoint),
+        _Preempt(),
+    ]
+    try:
+        model.fit(x, y, epochs=2, callbacks=callbacks, **fit)
+        raise AssertionError("the preemption did not happen")
+    except Preempted:
+        pass
+    model.save(saved)
+    model.save_weights(weights)
+    expected = _predict(model, x)
+    state = _optimizer_state(model)
+
+    results = {"update": update, "features": _features(model)}
+    for way in WAYS:
+        with strategy.scope():
+            if way in ("save", "model_checkpoint"):
+                path = saved if way == "save" else checkpoint
+                restored = keras.saving.load_model(path)
+            else:
+                restored = case.build()
+                if way == "weights":
+                    restored.optimizer.build(restored.trainable_variables)
+                    restored.load_weights(weights)
+        if way == "backup":
+            # What a restarted job runs: the same `fit`, the same callback.
+            # It loads the backup as training begins, then resumes at the
+            # epoch it had reached.
+            probe = _Probe(x)
+            restored.fit(
+                x,
+                y,
+                epochs=2,
+                callbacks=[keras.callbacks.BackupAndRestore(backup), probe],
+                **fit,
+            )
+            predicted, restored_state = probe.predicted, probe.state
+        else:
+            predicted = _predict(restored, x)
+            restored_state = _optimizer_state(restored)
+            restored.fit(x, y, epochs=2, initial_epoch=1, **fit)
+        results[way] = {
+            "features": _features(restored),
+            "predict": _max_diff([expected], [predicted]),
+            "state": (
+                _max_diff(state, restored_state)
+                if len(state) == len(restored_state)
+                else f"{len(restored_state)} variables, saved {len(state)}"
+            ),
+            "resume": _max_diff(_weights(restored), final) / update,
+        }
+    shutil.rmtree(workdir, ignore_errors=True)
+    return results
+
+
+def _predict(model, x):
+    """One eager inference call (no `predict` function to trace)."""
+    return keras.ops.convert_to_numpy(model(x, training=False))
+
+
+def _features(model) -> dict:
+    """What must come back: checkpointing, the optimizer chain, policies."""
+    from tfmemopt.checkpointing import checkpointing_report
+
+    target = getattr(model, "model", model)
+    report = checkpointing_report(target) or checkpointing_report(model)
+    chain, optimizer = [], model.optimizer
+    while optimizer is not None:
+        chain.append(type(optimizer).__name__)
+        optimizer = getattr(optimizer, "inner_optimizer", None)
+    return {
+        "segments": None if report is None else len(report.segments),
+        "optimizer": chain,
+        "int8_codes": sum(
+            v.dtype == "uint8" for v in model.optimizer.variables
+        ),
+        "policies": sorted(
+            {layer.dtype_policy.name for layer in model.layers if layer.weights}
+        ),
+    }
+
+
+class _Probe(keras.callbacks.Callback):
+    """Reads what `BackupAndRestore` restored, before the first step."""
+
+    def __init__(self, x):
+        super().__init__()
+        self.x = x
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if not hasattr(self, "predicted"):
+            self.epoch = epoch
+            self.predicted = _predict(self.model, self.x)
+            self.state = _optimizer_state(self.model)
