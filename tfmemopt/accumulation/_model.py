@@ -11,9 +11,12 @@ several outputs and short batches.
 
 from __future__ import annotations
 
+import warnings
+
 import keras
 
 from tfmemopt._compat import functional_class
+from tfmemopt._compat import sublayers
 from tfmemopt._utils import check_int
 from tfmemopt.accumulation import _fit_hooks
 from tfmemopt.accumulation import _window
@@ -91,8 +94,12 @@ class Model(_dist.FitFixes, keras.Model):
         micro_batch_size: Int or `None`, defaults to `None`. Alternatively,
             the most samples per micro-batch. Pass one of the two, not both.
         checkpointing: `None` (default) or an activation checkpointing policy
-            (`"auto"`, `"blocks"`, a list of layers or a predicate) applied
-            with `tfmemopt.enable_checkpointing` once the model is built.
+            (`"auto"`, `"blocks"`, a list of layers or layer names, or a
+            predicate) applied with `tfmemopt.enable_checkpointing` once
+            the model is built. The config (and so `.keras` files) keeps a
+            name or the list as layer names; a predicate is code and is not
+            saved: `get_config` warns, and a loaded model has no
+            checkpointing until `enable_checkpointing` is called again.
         *args, **kwargs: As for `keras.Model` (`inputs`, `outputs`, `name`).
 
     Example:
@@ -209,6 +216,10 @@ class Model(_dist.FitFixes, keras.Model):
 
     def compile(self, *args, **kwargs):
         _dist.on_compile()
+        if args:
+            args = (_loss_scaled(self, args[0]), *args[1:])
+        elif "optimizer" in kwargs:
+            kwargs["optimizer"] = _loss_scaled(self, kwargs["optimizer"])
         super().compile(*args, **kwargs)
         inner = _inner_optimizer(self.optimizer)
         steps = getattr(inner, "gradient_accumulation_steps", None)
@@ -348,6 +359,41 @@ def _functional_variant(cls):
 
 
 def _serializable_policy(policy):
+    """The checkpointing policy as a config value: a name, layer names."""
     if policy is None or isinstance(policy, str):
         return policy
+    if isinstance(policy, (list, tuple)):
+        # A list of layers is saved as their names (a loaded model's layers
+        # keep them); it used to be dropped, so a loaded model lost it.
+        return [p if isinstance(p, str) else p.name for p in policy]
+    warnings.warn(
+        f"tfmemopt.Model's checkpointing policy {policy!r} is a predicate: "
+        "code, which a config cannot hold. The saved model will load "
+        "without checkpointing. Pass 'auto', 'blocks' or a list of layer "
+        "names to have it saved, or call tfmemopt.enable_checkpointing("
+        "model, predicate) after loading.",
+        stacklevel=3,
+    )
     return None
+
+
+def _loss_scaled(model, optimizer):
+    """`optimizer` in a `LossScaleOptimizer` when `model` computes in float16.
+
+    Keras wraps the optimizer only when the *model's* own policy is
+    `mixed_float16`. A model rebuilt by `load_model` under a float32 global
+    policy has float16 layers but a float32 policy of its own, so its saved
+    compile arguments (the bare optimizer) came back unwrapped, and the
+    optimizer state saved with the loss scale (two variables more) was
+    skipped whole: Adam's moments and step count reset on resume. Deciding
+    by the layers keeps a saved mixed_float16 model's optimizer as it was.
+    """
+    if optimizer is None or model.dtype_policy.name == "mixed_float16":
+        return optimizer
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return optimizer
+    if not any(
+        layer.dtype_policy.name == "mixed_float16" for layer in sublayers(model)
+    ):
+        return optimizer
+    return keras.optimizers.LossScaleOptimizer(keras.optimizers.get(optimizer))
