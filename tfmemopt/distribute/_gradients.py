@@ -18,6 +18,10 @@ Two Keras 3 behaviours make multi-replica training differ from one device:
 
 `prepare_gradients` runs both as needed; with one replica it returns the
 gradients unchanged. Call it in the replica context, after accumulation.
+
+`count_non_finite`, `clipping_of` and `clip` are the one non-finite count and
+the one clipping of tfmemopt: `ShardedOptimizer` uses them too, on each
+replica's partition of the summed gradient.
 """
 
 from __future__ import annotations
@@ -62,7 +66,10 @@ def _scale(g, factor):
 
 
 def count_non_finite(grads) -> tf.Tensor:
-    """Number of non-finite entries in `grads` (a float32 scalar)."""
+    """Number of non-finite entries in `grads` (a float32 scalar).
+
+    `None` entries count nothing; of a `tf.IndexedSlices`, its values.
+    """
     counts = [
         tf.reduce_sum(
             tf.cast(tf.logical_not(tf.math.is_finite(_values(g))), tf.float32)
@@ -96,29 +103,80 @@ def sync_non_finite(grads):
 
 
 def clipping_of(optimizer):
-    """`(kind, value)` of the optimizer's clipping, or `None` when unset."""
+    """`(kind, value)` of the optimizer's clipping, or `None` when unset.
+
+    Checked in the order of Keras's `Optimizer._clip_gradients` (`clipnorm`,
+    then `global_clipnorm`, then `clipvalue`): Keras's constructor takes
+    only one of them, but one set later as an attribute is looked at in
+    that order, and only the first set one applies.
+    """
     inner = _inner(optimizer)
-    for kind in ("global_clipnorm", "clipnorm", "clipvalue"):
+    for kind in ("clipnorm", "global_clipnorm", "clipvalue"):
         value = getattr(inner, kind, None)
         if value is not None and value > 0:
             return kind, float(value)
     return None
 
 
-def _clip(grads, kind, value, scale):
-    # `grads` may carry the loss scale: thresholds apply to unscaled values.
-    limit = value if scale is None else value * scale
+def sum_of_squares(g) -> tf.Tensor:
+    """`sum(g**2)` in float32: a norm's square, or a part of one."""
+    return tf.reduce_sum(tf.square(tf.cast(g, tf.float32)))
+
+
+def clip(grads, setting, squares=None, scale=None):
+    """Clips dense gradients as Keras's optimizer does for `setting`.
+
+    The formulas are Keras's (`Optimizer._clip_by_norm`,
+    `clip_by_global_norm`): `g * c / max(norm, c)` per gradient, and
+    `g * (c * min(1 / norm, 1 / c) + (norm - norm))` for the global norm,
+    whose `norm - norm` turns an infinite or NaN norm into NaN, so that a
+    non-finite gradient stays non-finite after clipping.
+
+    Args:
+        grads: List of dense gradient tensors (`None` allowed).
+        setting: `(kind, value)` from `clipping_of`, or `None`: `grads`
+            come back unchanged.
+        squares: List of float32 scalars, defaults to `None`: the sum of
+            squares of each whole gradient (`None` where the gradient is),
+            for `grads` that hold only a part of each (a replica's
+            partition); computed from `grads` when not given.
+        scale: Float32 scalar, defaults to `None`: the loss scale `grads`
+            carry; thresholds apply to the unscaled values.
+
+    Returns:
+        The list of clipped gradients (`None` where `grads` has it).
+    """
+    grads = list(grads)
+    if setting is None:
+        return grads
+    kind, value = setting
+    limit = tf.constant(value, tf.float32)
+    if scale is not None:
+        limit = limit * tf.cast(scale, tf.float32)
     if kind == "clipvalue":
-        return [
-            None if g is None else tf.clip_by_value(g, -limit, limit)
-            for g in grads
-        ]
+        return [None if g is None else _clip_value(g, limit) for g in grads]
+    if squares is None:
+        squares = [None if g is None else sum_of_squares(g) for g in grads]
     if kind == "clipnorm":
-        return [None if g is None else tf.clip_by_norm(g, limit) for g in grads]
-    present = [g for g in grads if g is not None]
-    clipped, _ = tf.clip_by_global_norm(present, limit)
-    it = iter(clipped)
-    return [None if g is None else next(it) for g in grads]
+        return [
+            None if g is None else _clip_norm(g, tf.sqrt(s), limit)
+            for g, s in zip(grads, squares)
+        ]
+    norm = tf.sqrt(tf.add_n([s for s in squares if s is not None]))
+    factor = limit * tf.minimum(1.0 / norm, 1.0 / limit) + (norm - norm)
+    return [None if g is None else g * tf.cast(factor, g.dtype) for g in grads]
+
+
+def _clip_value(g, limit):
+    limit = tf.cast(limit, g.dtype)
+    return tf.clip_by_value(g, -limit, limit)
+
+
+def _clip_norm(g, norm, limit):
+    # Keras's order of operations: (g * c) / max(norm, c).
+    return (g * tf.cast(limit, g.dtype)) / tf.cast(
+        tf.maximum(norm, limit), g.dtype
+    )
 
 
 def clip_after_all_reduce(grads, optimizer):
@@ -145,7 +203,7 @@ def clip_after_all_reduce(grads, optimizer):
     summed = ctx.all_reduce(tf.distribute.ReduceOp.SUM, present)
     it = iter(summed)
     summed = [None if g is None else next(it) for g in grads]
-    clipped = _clip(summed, *setting, scale=_loss_scale(optimizer))
+    clipped = clip(summed, setting, scale=_loss_scale(optimizer))
     return [
         None if g is None else g / tf.cast(replicas, g.dtype) for g in clipped
     ]

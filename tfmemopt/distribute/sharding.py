@@ -10,6 +10,10 @@ import tensorflow as tf
 from tfmemopt import _compat
 from tfmemopt._utils import ForwardsToInner
 from tfmemopt.distribute import _shard_state
+from tfmemopt.distribute._gradients import clip
+from tfmemopt.distribute._gradients import clipping_of
+from tfmemopt.distribute._gradients import count_non_finite
+from tfmemopt.distribute._gradients import sum_of_squares
 from tfmemopt.distribute._shard_layout import Layout
 from tfmemopt.distribute._shard_layout import ParamRef
 from tfmemopt.distribute._shard_layout import ParamView
@@ -502,41 +506,11 @@ def _sum_squares(ctx, norms, parts, summed):
     from the parts and one small all-reduce at stage 2.
     """
     source = parts if summed is None else summed
-    sq = []
-    if norms:
-        sq = [tf.reduce_sum(tf.square(tf.cast(s, tf.float32))) for s in source]
-    bad = tf.add_n(
-        [
-            tf.reduce_sum(
-                tf.cast(tf.logical_not(tf.math.is_finite(s)), tf.float32)
-            )
-            for s in source
-        ]
-    )
-    stats = tf.stack(sq + [bad])
+    sq = [sum_of_squares(s) for s in source] if norms else []
+    stats = tf.stack(sq + [count_non_finite(source)])
     if summed is None:
         stats = ctx.all_reduce(tf.distribute.ReduceOp.SUM, stats)
     return stats[:-1], stats[-1]
-
-
-def _clip(inner, parts, sq):
-    if inner.clipnorm and inner.clipnorm > 0:
-        out = []
-        for p, s in zip(parts, tf.unstack(sq)):
-            norm = tf.sqrt(s)
-            clip = tf.cast(inner.clipnorm, tf.float32)
-            ratio = clip / tf.maximum(norm, clip)
-            out.append(p * tf.cast(ratio, p.dtype))
-        return out
-    if inner.global_clipnorm and inner.global_clipnorm > 0:
-        norm = tf.sqrt(tf.reduce_sum(sq))
-        clip = tf.cast(inner.global_clipnorm, tf.float32)
-        scale = clip * tf.minimum(1.0 / norm, 1.0 / clip) + (norm - norm)
-        return [p * tf.cast(scale, p.dtype) for p in parts]
-    if inner.clipvalue and inner.clipvalue > 0:
-        v = inner.clipvalue
-        return [tf.clip_by_value(p, -v, v) for p in parts]
-    return parts
 
 
 def _gradient_pairs(inner, plan, grads, variables):
@@ -619,9 +593,12 @@ def _sharded_apply(opt, grads, variables):
         flats = [f / inner.loss_scale_factor for f in flats]
     layouts = [plan.refs[i].layout for _, i in pairs]
     parts, summed = _reduce(opt, ctx, r, flats, layouts)
-    norms = bool(inner.clipnorm or inner.global_clipnorm)
+    setting = clipping_of(inner)
+    norms = setting is not None and setting[0] != "clipvalue"
     sq, bad = _sum_squares(ctx, norms, parts, summed)
-    parts = _clip(inner, parts, sq)
+    # The norms are those of the whole summed gradients (`sq`), not of the
+    # partitions this replica holds.
+    parts = clip(parts, setting, squares=tf.unstack(sq) if norms else None)
     finite = tf.equal(bad, 0.0)
 
     current = [
