@@ -10,13 +10,8 @@ import tensorflow as tf
 from tfmemopt import _compat
 from tfmemopt._utils import ForwardsToInner
 from tfmemopt.distribute import _shard_state
-from tfmemopt.distribute._gradients import clip
-from tfmemopt.distribute._gradients import clipping_of
-from tfmemopt.distribute._gradients import count_non_finite
-from tfmemopt.distribute._gradients import sum_of_squares
-from tfmemopt.distribute._shard_layout import Layout
-from tfmemopt.distribute._shard_layout import ParamRef
-from tfmemopt.distribute._shard_layout import ParamView
+from tfmemopt.distribute._shard_apply import sharded_apply
+from tfmemopt.distribute._shard_plan import build_sharded
 
 # Updates that are not elementwise over a parameter: cutting a parameter
 # would change them (factored moments, a per-layer trust ratio, a matrix
@@ -40,11 +35,6 @@ _BASE_ARGS = (
     "loss_scale_factor",
     "gradient_accumulation_steps",
 )
-
-
-def _on_read(next_creator, **kwargs):
-    kwargs["synchronization"] = tf.VariableSynchronization.ON_READ
-    return next_creator(**kwargs)
 
 
 @keras.saving.register_keras_serializable(package="tfmemopt")
@@ -194,7 +184,7 @@ class ShardedOptimizer(ForwardsToInner, keras.optimizers.Optimizer):
             inner.build(var_list)
             self._plan = None
         else:
-            self._plan = _build_sharded(inner, list(var_list), replicas)
+            self._plan = build_sharded(inner, list(var_list), replicas)
             self._plan.strategy = strategy
         super().build(var_list)
 
@@ -219,7 +209,7 @@ class ShardedOptimizer(ForwardsToInner, keras.optimizers.Optimizer):
         if trainable_variables is None:
             trainable_variables = _compat.trainable_variables_of(self)
         with keras.name_scope(self.name, caller=self):
-            _sharded_apply(self, list(grads), list(trainable_variables))
+            sharded_apply(self, list(grads), list(trainable_variables))
 
     def finalize_variable_values(self, var_list):
         inner = self.inner_optimizer
@@ -351,272 +341,3 @@ def _check_inner(inner):
             "and advances schedules per micro-step). Use "
             "tfmemopt.Model(..., accumulation_steps=N) instead."
         )
-
-
-class _Plan:
-    """What `build` decided: the cut of each parameter and the state."""
-
-    def __init__(self, replicas, params, refs, partitioned, replicated):
-        self.replicas = replicas
-        self.params = params
-        self.refs = refs
-        self.partitioned = partitioned
-        self.replicated = replicated
-        self.slot_of = {id(v): (v, layout) for v, layout in partitioned}
-        self.strategy = None
-
-
-def _build_sharded(inner, params, replicas):
-    # An inner optimizer whose state is not elementwise but blockwise
-    # (tfmemopt's 8-bit Adam) says where a cut may fall (`shard_alignment`)
-    # and, once built, how each state variable is cut (`shard_state`).
-    align = getattr(inner, "shard_alignment", None)
-    refs = [
-        ParamRef(
-            v,
-            Layout(v.shape, replicas, align(tuple(v.shape)) if align else 1),
-            i,
-            f"tfmemopt_shard_{i}",
-        )
-        for i, v in enumerate(params)
-    ]
-    made = {}
-
-    def from_reference(reference_variable, name=None, initializer="zeros"):
-        ref = reference_variable
-        if not isinstance(ref, ParamRef):
-            raise ValueError(
-                f"ShardedOptimizer cannot partition {type(inner).__name__}: "
-                "its build asked for a slot shaped like something other than "
-                f"a parameter ({ref!r})."
-            )
-        var = inner.add_variable(
-            shape=ref.shape,
-            initializer=initializer,
-            dtype=ref.dtype,
-            name=f"{ref.path.replace('/', '_')}_{name or 'var'}",
-        )
-        made[id(var)] = (var, ref.layout)
-        return var
-
-    before = {id(v) for v in inner.variables}
-    object.__setattr__(inner, "add_variable_from_reference", from_reference)
-    try:
-        with tf.variable_creator_scope(_on_read):
-            inner.build(refs)
-    finally:
-        object.__delattr__(inner, "add_variable_from_reference")
-    if hasattr(inner, "shard_state"):
-        made.update(_described_state(inner, refs))
-    partitioned, replicated = [], []
-    for v in inner.variables:
-        if id(v) in made:
-            partitioned.append(made[id(v)])
-        elif id(v) not in before:
-            if len(v.shape) != 0:
-                raise ValueError(
-                    f"ShardedOptimizer cannot partition {type(inner).__name__}"
-                    f": its build creates {v.path!r} of shape {v.shape}, not "
-                    "a slot shaped like a parameter. Leave it unwrapped."
-                )
-            replicated.append(v)
-    return _Plan(replicas, params, refs, partitioned, replicated)
-
-
-def _described_state(inner, refs):
-    """`{id: (variable, Layout)}` for the state `inner.shard_state()` lists:
-    entries per element are cut like their parameter, entries per block
-    (scales) into each replica's blocks."""
-    out = {}
-    for var, index, shape, per_entry in inner.shard_state():
-        layout = refs[index].layout
-        if per_entry == 1:
-            cut = layout.with_shape(shape)
-        elif per_entry == layout.align:
-            cut = layout.per_unit(int(shape[0]))
-        else:
-            raise ValueError(
-                f"ShardedOptimizer cannot partition {type(inner).__name__}: "
-                f"{var.path!r} has one entry per {per_entry} elements, but "
-                f"the cut of its variable is aligned to {layout.align}."
-            )
-        if tuple(var.shape) != (cut.c,):
-            raise ValueError(
-                f"ShardedOptimizer cannot partition {type(inner).__name__}: "
-                f"its build made {var.path!r} of shape {tuple(var.shape)} "
-                f"for a partition that holds {cut.c} entries."
-            )
-        out[id(var)] = (var, cut)
-    return out
-
-
-def _dense_flat(g):
-    if isinstance(g, tf.IndexedSlices):
-        g = tf.convert_to_tensor(g)
-    return tf.reshape(g, [-1])
-
-
-def _reduce(opt, ctx, r, flats, layouts):
-    """Summed gradient partitions `[c]` of this replica, and the sums."""
-    if opt.stage == 1:
-        summed = ctx.all_reduce(tf.distribute.ReduceOp.SUM, flats)
-        return [lay.local(s, r) for s, lay in zip(summed, layouts)], summed
-    groups: dict = {}
-    for i, f in enumerate(flats):
-        groups.setdefault(f.dtype, []).append(i)
-    parts = [None] * len(flats)
-    for indices in groups.values():
-        mine = _reduce_scatter(
-            ctx, [flats[i] for i in indices], [layouts[i] for i in indices], r
-        )
-        start = 0
-        for i in indices:
-            parts[i] = mine[start : start + layouts[i].c]
-            start += layouts[i].c
-    return parts, None
-
-
-def _reduce_scatter(ctx, flats, layouts, r):
-    """This replica's `[C]` row of the summed gradients (stage 2).
-
-    TensorFlow has no public reduce-scatter (the raw CollectiveReduceScatterV2
-    op waits forever between logical CPU devices), so the R rows (row q: the
-    q-th partition of every gradient) are summed by R all-reduces of C
-    elements, one after another, and each replica keeps only its own row.
-    The bytes sent equal one all-reduce of the whole gradient (stage 1);
-    what is held at once is one row of the sum instead of the whole sum.
-    """
-    mine, previous = None, []
-    for q in range(layouts[0].replicas):
-        with tf.control_dependencies(previous):
-            row = tf.concat(
-                [lay.local(f, q) for f, lay in zip(flats, layouts)], 0
-            )
-            summed = ctx.all_reduce(tf.distribute.ReduceOp.SUM, row)
-        if q == r:
-            mine = summed
-        previous = [summed]
-    return mine
-
-
-def _sum_squares(ctx, norms, parts, summed):
-    """Per-gradient sums of squares (if `norms`) and the non-finite count.
-
-    From the whole sums at stage 1 (every replica has them: no collective),
-    from the parts and one small all-reduce at stage 2.
-    """
-    source = parts if summed is None else summed
-    sq = [sum_of_squares(s) for s in source] if norms else []
-    stats = tf.stack(sq + [count_non_finite(source)])
-    if summed is None:
-        stats = ctx.all_reduce(tf.distribute.ReduceOp.SUM, stats)
-    return stats[:-1], stats[-1]
-
-
-def _gradient_pairs(inner, plan, grads, variables):
-    """`(gradient, index of its parameter in plan.params)` for every
-    gradient that is not None."""
-    index = {_compat.var_key(inner, p): i for i, p in enumerate(plan.params)}
-    pairs = []
-    for g, v in zip(grads, variables):
-        if g is None:
-            continue
-        key = _compat.var_key(inner, v)
-        if key not in index:
-            raise ValueError(
-                f"Unknown variable {v.path!r}: this ShardedOptimizer was "
-                "built for other variables."
-            )
-        pairs.append((g, index[key]))
-    if not pairs:
-        raise ValueError("No gradients provided for any variable.")
-    return pairs
-
-
-def _advance_nadam(inner):
-    """Nadam keeps a running product outside update_step."""
-    u = _compat.nadam_u_product(inner)
-    dtype = u.dtype
-    inner.assign(
-        u,
-        u
-        * inner.beta_1
-        * (
-            1.0
-            - 0.5
-            * keras.ops.power(0.96, keras.ops.cast(inner.iterations + 1, dtype))
-        ),
-    )
-
-
-def _local_update(inner, plan, pairs, parts, current, lr):
-    """The inner optimizer's step on this replica's partition (`current`,
-    flat local pieces of the parameters; `parts`, their gradient pieces):
-    the new local pieces."""
-    views = [ParamView(ref, x) for ref, x in zip(plan.refs, current)]
-    if isinstance(inner, keras.optimizers.Nadam):
-        _advance_nadam(inner)
-    if inner.weight_decay is not None:
-        for _, i in pairs:
-            if _compat.uses_weight_decay(inner, plan.params[i]):
-                view = views[i]
-                # Read per variable, as Keras's _apply_weight_decay does:
-                # reusing `lr` put a schedule's decay one rounding away
-                # (3.8e-7 of the change for AdamW + ExponentialDecay, R=2).
-                rate = tf.cast(inner.learning_rate, view.dtype)
-                wd = tf.cast(inner.weight_decay, view.dtype)
-                view.assign_sub(view.value * wd * rate)
-    for g, (_, i) in zip(parts, pairs):
-        inner.update_step(g, views[i], lr)
-    new = [view.value for view in views]
-    if inner.use_ema:
-        _compat.update_ema(inner, views)
-        if inner.ema_overwrite_frequency:
-            overwrite = tf.equal(
-                (inner.iterations + 1) % inner.ema_overwrite_frequency, 0
-            )
-            averages = [
-                tf.convert_to_tensor(a) for a in _compat.ema_averages(inner)
-            ]
-            new = [tf.where(overwrite, a, n) for a, n in zip(averages, new)]
-    return new
-
-
-def _sharded_apply(opt, grads, variables):
-    inner = opt.inner_optimizer
-    plan = opt._plan
-    ctx = tf.distribute.get_replica_context()
-    r = _shard_state.replica_id(ctx)
-    pairs = _gradient_pairs(inner, plan, grads, variables)
-    flats = [_dense_flat(g) for g, _ in pairs]
-    if inner.loss_scale_factor is not None:
-        flats = [f / inner.loss_scale_factor for f in flats]
-    layouts = [plan.refs[i].layout for _, i in pairs]
-    parts, summed = _reduce(opt, ctx, r, flats, layouts)
-    setting = clipping_of(inner)
-    norms = setting is not None and setting[0] != "clipvalue"
-    sq, bad = _sum_squares(ctx, norms, parts, summed)
-    # The norms are those of the whole summed gradients (`sq`), not of the
-    # partitions this replica holds.
-    parts = clip(parts, setting, squares=tf.unstack(sq) if norms else None)
-    finite = tf.equal(bad, 0.0)
-
-    current = [
-        plan.refs[i].layout.local(tf.reshape(tf.convert_to_tensor(p), [-1]), r)
-        for i, p in enumerate(plan.params)
-    ]
-    lr = inner.learning_rate
-
-    def update():
-        return _local_update(inner, plan, pairs, parts, current, lr)
-
-    new = tf.cond(finite, update, lambda: list(current))
-    if not isinstance(new, (list, tuple)):
-        new = [new]
-    blocks = _shard_state.gather_by_dtype(ctx, list(new), plan.replicas)
-    for p, ref, block in zip(plan.params, plan.refs, blocks):
-        value = ref.layout.assemble(block)
-        if getattr(p, "constraint", None) is not None:
-            value = p.constraint(value)
-        p.assign(value)
-    inner.iterations.assign_add(tf.cast(finite, inner.iterations.dtype))
