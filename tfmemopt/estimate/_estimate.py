@@ -226,12 +226,12 @@ def estimate_memory(
     # are freed by then.
     shards = s.replicas if isinstance(s.optimizer, ShardedOptimizer) else 1
     update = update_temporaries(
-        [_weight_bytes(v, s) for v in trainable],
+        [(math.prod(v.shape), _weight_bytes(v, s)) for v in trainable],
         s.optimizer,
         lambda n: _counted(n, s),
         shards,
     )
-    after = step.gradients + update - grads - activations
+    after = step.gradients + update.peak - grads - activations
     temporaries = max(temporaries, after)
     freed = 0
     if step.updating_peak is not None:
@@ -242,6 +242,8 @@ def estimate_memory(
         end = after + grads + activations if s.accumulation_steps > 1 else 0
         x = max(activations + during, end) - grads - activations
         temporaries, freed = max(0, x), max(0, -x)
+    temporaries += update.resident  # allocated from the first step on
+    notes += update.notes
     inputs, accumulation = _accumulation(trainable, step, s, notes)
     if s.floor:  # the allocator of the CPU statistics: whole chunks
         temporaries += chunks(
@@ -251,6 +253,7 @@ def estimate_memory(
             s.accumulation_steps > 1,
             step,
             s.per_replica // s.micro,
+            update,
         )
         zeros = rewritten_sum_zeros(step)
         if zeros:

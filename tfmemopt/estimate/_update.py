@@ -1,40 +1,162 @@
 """The optimizer's update in a step's memory: its temporaries, when each
-gradient is consumed, and the allocator's whole chunks over the step."""
+gradient is consumed, and the allocator's whole chunks over the step.
+
+`weight_update` is the one place that says what updating one weight
+allocates, per optimizer kind; the rest of the estimate reads it.
+"""
 
 from __future__ import annotations
 
+import math
+from typing import NamedTuple
+
+import keras
+
+from tfmemopt import optimizers
 from tfmemopt.estimate._allocator import chunk_overhead
 from tfmemopt.estimate._optimizer_state import _SLOTS
+
+# Float32 values per element of a piece that XLA's compiled 8-bit update
+# keeps in its own temporary buffer (allocator trace, CPU: 1.502 MiB, no op
+# name, for each piece of 2**16 elements; decode, Adam, encode fused).
+_XLA_VALUES_PER_ELEMENT = 6
+
+
+def _inner(optimizer):
+    """The optimizer that updates the weights (inside LossScale, Sharded,
+    accumulating wrappers)."""
+    while isinstance(
+        getattr(optimizer, "inner_optimizer", None), keras.optimizers.Optimizer
+    ):
+        optimizer = optimizer.inner_optimizer
+    return optimizer
 
 
 def _slots(optimizer) -> int | None:
     """Slots per weight of a Keras element-wise optimizer, else None."""
-    inner = getattr(optimizer, "inner_optimizer", None) or optimizer
+    inner = _inner(optimizer)
     name = type(inner).__name__
     if name not in _SLOTS:
         return None
     return _SLOTS[name](inner.get_config())
 
 
-def update_temporaries(sizes, optimizer, counted, shards=1) -> int:
-    """Bytes of the temporaries of the optimizer's update of the largest
-    weight (`sizes`: bytes of each trainable weight). Keras's Adam computes
-    `(g - m)`, `square(g)`, `m * alpha` and `sqrt(v)` as weight-sized
-    tensors, two of them alive at once; a sparse gradient (an embedding's
-    rows) is made dense first (measured on CPU: the embedding model's Adam
-    update held two 9.8 MiB tensors of its 20000 x 128 table at batch 64,
-    where the step itself held 4 MiB). Optimizers with no state (plain SGD)
-    make one. Counted for Keras's element-wise optimizers (the slot table of
-    `_optimizer_state`); not for others (tfmemopt's 8-bit optimizers update
-    in pieces of 2**18 values, Adafactor's factored update, probed
-    optimizers): 0 there. `shards`: each replica updates 1/shards of it."""
+class WeightUpdate(NamedTuple):
+    """What updating one weight allocates: `temporaries` (bytes of each,
+    alive together at the update's peak), `resident` (bytes that stay
+    allocated from the first step on) and `state` (bytes of each of the
+    weight's optimizer variables, in the order they are made, for the
+    allocator's chunks; Keras's slots are counted there by `_slots`)."""
+
+    temporaries: list
+    resident: int = 0
+    state: list = []
+
+
+def weight_update(optimizer, elements: int, itemsize: int, shards=1):
+    """What `optimizer` allocates to update a weight of `elements` values
+    of `itemsize` bytes (1/`shards` of it per replica), as found in the
+    allocator traces of a step on CPU (MLP 512-1024-1024-10, batch 64):
+
+    - Keras's element-wise optimizers: Adam computes `(g - m)`,
+      `square(g)`, `m * alpha` and `sqrt(v)` as weight-sized tensors, two
+      alive at once; an optimizer without state (plain SGD) makes one.
+    - `tfmemopt.optimizers.Adam8bit`/`AdamW8bit`, an 8-bit weight: the
+      compiled update's outputs (the float32 delta, one byte per element
+      of each moment's new codes, their scales) and XLA's buffer for one
+      piece of at most 2**16 elements (6 float32 values per element): for
+      the 1024x1024 kernel 4 + 1 + 1 + 1.5 MiB. A weight in bfloat16 adds
+      the delta's cast.
+    - `tfmemopt.optimizers.Adafactor`, and an 8-bit optimizer's float32
+      moments (weights below `min_8bit_size`): two float32 tensors of the
+      weight's size (Adafactor squares the gradient and the weight, for
+      its RMS, at once: 4 + 4 MiB). Their masked update, `tf.where(ok,
+      delta, tf.zeros_like(delta))`, leaves a constant of float32 zeros of
+      the weight's size that Grappler folded: it stays allocated from the
+      first step on (`adafactor/zeros_like`, never freed in the trace).
+    - Any other optimizer (probed for its state): nothing known, nothing
+      counted.
+    """
+    inner = _inner(optimizer)
+    part = -(-elements // shards)
     slots = _slots(optimizer)
-    if not sizes or slots is None:
-        return 0
-    largest = max(sizes)
-    if shards > 1:
-        largest = -(-largest // shards)
-    return (2 if slots else 1) * counted(largest)
+    if slots is not None:
+        return WeightUpdate([part * itemsize] * (2 if slots else 1))
+    eight = isinstance(inner, optimizers.Adam8bit)
+    if eight and elements >= max(inner.min_8bit_size, 1):
+        moments = 3 if inner.amsgrad else 2
+        chunks = inner._chunks((part,))
+        piece = chunks[0] if chunks else part
+        blocks = math.ceil(part / inner.block_size)
+        temps = [4 * part] + [part] * moments + [4 * blocks] * moments
+        temps.append(_XLA_VALUES_PER_ELEMENT * 4 * piece)
+        if itemsize != 4:
+            temps.append(part * itemsize)
+        return WeightUpdate(temps, state=[part, 4 * blocks] * moments)
+    temps = [4 * part, 4 * part]
+    if eight:
+        moments = 3 if inner.amsgrad else 2
+        return WeightUpdate(temps, 4 * part, [4 * part] * moments)
+    if isinstance(inner, optimizers.Adafactor):
+        # rows and columns: a few KiB, left out of the chunks
+        first = [4 * part] if inner.beta_1 is not None else []
+        return WeightUpdate(temps, 4 * part, first)
+    return WeightUpdate([])
+
+
+class Update(NamedTuple):
+    """The update of every trainable weight: `peak`, the bytes it needs
+    above the weights, optimizer state and every gradient; `resident`,
+    what it keeps allocated between steps (`resident_each`: per weight);
+    `per_weight`, each weight's temporaries (counted); `notes`;
+    `state_each`, each weight's optimizer variables (counted)."""
+
+    peak: int
+    resident: int
+    per_weight: list
+    notes: list
+    resident_each: list
+    state_each: list
+
+
+def update_temporaries(weights, optimizer, counted, shards=1) -> Update:
+    """The update of the trainable `weights` (`(elements, bytes)` each, in
+    the optimizer's order); `counted(n)`: the bytes counted for one
+    allocation of `n`; `shards`: each replica updates 1/shards of each.
+
+    Keras's element-wise optimizers: the temporaries of the largest
+    weight's update (`consumers` says when each gradient is freed).
+    tfmemopt's optimizers update one weight after the other in the
+    optimizer's order (`_common.UpdateChain`), starting when the first
+    weight's gradient is made, the last of the backward pass: each
+    weight's gradient is freed after its update (allocator trace of the
+    MLP: the 512x1024 kernel's 2 MiB gradient was freed before the
+    1024x1024 kernel's update peaked), so the peak is the largest of each
+    weight's temporaries less the gradients already freed.
+    """
+    updates = [
+        weight_update(optimizer, e, n // max(1, e), shards) for e, n in weights
+    ]
+    per_weight = [[counted(t) for t in u.temporaries] for u in updates]
+    resident_each = [counted(u.resident) for u in updates]
+    resident = sum(resident_each)
+    peak, freed = 0, 0
+    in_order = _slots(optimizer) is None and shards == 1
+    for (_, nbytes), temps in zip(weights, per_weight):
+        peak = max(peak, sum(temps) - freed)
+        if in_order:
+            freed += counted(nbytes)
+    notes = []
+    if resident:
+        notes.append(
+            f"{type(_inner(optimizer)).__name__}'s masked update keeps "
+            "constant zeros of each weight's size (Grappler folds "
+            f"`tf.zeros_like`): {resident} bytes in `temporaries`"
+        )
+    state_each = [[counted(n) for n in u.state] for u in updates]
+    return Update(
+        max(0, peak), resident, per_weight, notes, resident_each, state_each
+    )
 
 
 def consumers(optimizer, accumulating: bool, replicas: int, weight_bytes):
@@ -61,20 +183,25 @@ def consumers(optimizer, accumulating: bool, replicas: int, weight_bytes):
     return lambda variables: [[weight_bytes(v)] * copies for v in variables]
 
 
-def chunks(weights, sizes, optimizer, accumulating, step, micro_batches):
+def chunks(
+    weights, sizes, optimizer, accumulating, step, micro_batches, update
+):
     """Bytes the allocator's whole chunks add at the step's peak.
 
     `weights`: bytes of every weight, `sizes`: of each trainable one, in
-    creation order; the optimizer's slots and the accumulators follow them.
-    The step's own allocations (`step.events`) include each weight's update
-    when it was simulated with its gradients consumed as made; else, and
-    under accumulation, the update comes after the (last) micro-batch.
+    creation order; the optimizer's slots, what its update keeps and the
+    accumulators follow them. The step's own allocations (`step.events`)
+    include each weight's update when it was simulated with its gradients
+    consumed as made; else, and under accumulation, the update (`update`,
+    an `Update`) comes after the (last) micro-batch.
     """
     slots = _slots(optimizer) or 0
     persistent = list(weights) + [n for n in sizes for _ in range(slots)]
+    persistent += [n for state in update.state_each for n in state]
+    persistent += update.resident_each
     if accumulating:
         persistent += sizes
-    update = [[n] * (2 if slots else 1) for n in sizes]
+    per_weight = update.per_weight
     if step.updating_peak is not None and not accumulating:
-        update = []
-    return chunk_overhead(persistent, step.events, micro_batches, update)
+        per_weight = []
+    return chunk_overhead(persistent, step.events, micro_batches, per_weight)
