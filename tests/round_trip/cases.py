@@ -47,16 +47,20 @@ class _Preempt(keras.callbacks.Callback):
             raise Preempted()
 
 
-def _dense_stack(inputs, depth=6, width=16, prefix="d"):
+def _dense_stack(inputs, depth=6, width=16, prefix="d", dropout=0.0):
     h = inputs
     for i in range(depth):
         h = keras.layers.Dense(width, activation="tanh", name=f"{prefix}{i}")(h)
+        if dropout and i == depth // 2:
+            h = keras.layers.Dropout(dropout)(h)
     return h
 
 
 def _functional(**kwargs):
     inputs = keras.Input((FEATURES,))
-    outputs = keras.layers.Dense(CLASSES, name="head")(_dense_stack(inputs))
+    # Dropout: its random stream must resume where it was, too.
+    h = _dense_stack(inputs, dropout=0.2)
+    outputs = keras.layers.Dense(CLASSES, name="head")(h)
     return tfmemopt.Model(inputs, outputs, **kwargs)
 
 
@@ -68,14 +72,15 @@ class Residual(keras.layers.Layer):
         super().__init__(**kwargs)
         self.width = width
         self.inner = keras.layers.Dense(2 * width, activation="tanh")
+        self.dropout = keras.layers.Dropout(0.2)
         self.outer = keras.layers.Dense(width)
 
     def build(self, input_shape):
         self.inner.build(input_shape)
         self.outer.build(input_shape[:-1] + (2 * self.width,))
 
-    def call(self, x):
-        return x + self.outer(self.inner(x))
+    def call(self, x, training=None):
+        return x + self.outer(self.dropout(self.inner(x), training=training))
 
     def get_config(self):
         return {**super().get_config(), "width": self.width}
@@ -104,7 +109,9 @@ class Subclassed(tfmemopt.Model):
 
 def _sequential(**kwargs):
     layers = [keras.Input((FEATURES,))]
-    layers += [keras.layers.Dense(16, activation="tanh") for _ in range(6)]
+    layers += [keras.layers.Dense(16, activation="tanh") for _ in range(3)]
+    layers += [keras.layers.Dropout(0.2)]
+    layers += [keras.layers.Dense(16, activation="tanh") for _ in range(3)]
     layers += [keras.layers.Dense(CLASSES)]
     return tfmemopt.Model.wrap(keras.Sequential(layers), **kwargs)
 
@@ -128,10 +135,7 @@ def _gpt2(**kwargs):
         num_heads=2,
         hidden_dim=16,
         intermediate_dim=32,
-        # No dropout: Keras does not save a Dropout layer's random state, so
-        # masks drawn after a resume differ from the uninterrupted run's
-        # (plain keras.Model too); see docs/pitfalls.md.
-        dropout=0.0,
+        dropout=0.1,
         max_sequence_length=SEQ,
     )
     task = keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
