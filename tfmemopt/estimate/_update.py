@@ -7,14 +7,17 @@ allocates, per optimizer kind; the rest of the estimate reads it.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
 import keras
+import tensorflow as tf
 
 from tfmemopt import optimizers
 from tfmemopt.estimate._allocator import chunk_overhead
 from tfmemopt.estimate._optimizer_state import _SLOTS
+from tfmemopt.optimizers import _common
 
 # Float32 values per element of a piece that XLA's compiled 8-bit update
 # keeps in its own temporary buffer (allocator trace, CPU: 1.502 MiB, no op
@@ -94,14 +97,32 @@ def weight_update(optimizer, elements: int, itemsize: int, shards=1):
             temps.append(part * itemsize)
         return WeightUpdate(temps, state=[part, 4 * blocks] * moments)
     temps = [4 * part, 4 * part]
+    zeros = 4 * part if _masked_update_keeps_zeros() else 0
     if eight:
         moments = 3 if inner.amsgrad else 2
-        return WeightUpdate(temps, 4 * part, [4 * part] * moments)
+        return WeightUpdate(temps, zeros, [4 * part] * moments)
     if isinstance(inner, optimizers.Adafactor):
         # rows and columns: a few KiB, left out of the chunks
         first = [4 * part] if inner.beta_1 is not None else []
-        return WeightUpdate(temps, 4 * part, first)
+        return WeightUpdate(temps, zeros, first)
     return WeightUpdate([])
+
+
+@functools.lru_cache(maxsize=None)
+def _masked_update_keeps_zeros() -> bool:
+    """Whether tfmemopt's masked update (`_common.masked_delta`) makes zeros
+    of the delta's size, which Grappler folds into a constant that stays
+    allocated: read from the graph it builds, so the estimate follows a
+    change to it."""
+    graph = tf.Graph()
+    with graph.as_default():
+        delta = tf.compat.v1.placeholder(tf.float32, [3, 5])
+        _common.masked_delta(tf.constant(True), delta, tf.float32)
+    for op in graph.get_operations():
+        if op.type in ("ZerosLike", "Fill", "Const") and op.outputs:
+            if op.outputs[0].shape.as_list() == [3, 5]:
+                return True
+    return False
 
 
 class Update(NamedTuple):
