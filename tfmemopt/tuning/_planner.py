@@ -10,20 +10,18 @@ does not fit. The choice itself is a pure function (`choose`).
 
 from __future__ import annotations
 
-import dataclasses
-
 import keras
 
 from tfmemopt._utils import check_int
-from tfmemopt._utils import format_bytes
 from tfmemopt._utils import format_mib as _mib
 from tfmemopt.estimate import estimate_memory
 from tfmemopt.estimate._optimizer_state import resolve_optimizer
 from tfmemopt.precision import _mixed_precision as mixed_precision
 from tfmemopt.tuning import _search
 from tfmemopt.tuning import _state_options as state_options
-from tfmemopt.tuning._plan_apply import apply_plan
+from tfmemopt.tuning._plan import Plan
 from tfmemopt.tuning._plan_apply import measure_plan
+from tfmemopt.tuning._plan_no_fit import raise_no_fit
 
 ALLOW = (
     "accumulation",
@@ -38,113 +36,6 @@ _PASS_OVERHEAD = 8
 _CHECKPOINT_COST = 1.33  # one extra forward pass (+30% measured)
 _FAST_16BIT = 0.6  # tensor cores (GPU >= 7.0, TPU)
 _SLOW_16BIT = 1.3  # CPUs and older GPUs: converts, no faster matmuls
-
-
-@dataclasses.dataclass
-class Plan:
-    """Settings that train `global_batch_size` within `memory_budget`.
-
-    Attributes:
-        global_batch_size: Int, micro_batch_size x accumulation_steps x
-            replicas, exactly as requested.
-        micro_batch_size: Int, samples per forward/backward pass per replica.
-        accumulation_steps: Int, micro-batches per optimizer update.
-        replicas: Int, data-parallel replicas.
-        checkpointing: `None` or the checkpointing policy (`"auto"`).
-        policy: Str, the dtype policy (`"float32"`, `"mixed_bfloat16"`...).
-        estimated_peak: Int, bytes per device (`tfmemopt.estimate_memory`).
-        relative_step_time: Float, estimated step time relative to the
-            whole batch in float32 without checkpointing (a model, not a
-            measurement: see docs/batch_size.md).
-        memory_budget: Int, bytes.
-        why: Str, why this combination was chosen.
-        measured_peak: Int or `None`, bytes measured by `verify=True`.
-        considered: List of dicts, every combination estimated.
-        optimizer: `None` (keep the optimizer) or the name of the
-            `tfmemopt.optimizers` class that replaces it (`"AdamW8bit"`,
-            `"Adam8bit"`, `"Adafactor"`), with the shared arguments.
-        sharding: `None` or the `tfmemopt.ShardedOptimizer` stage (`1`)
-            that wraps the optimizer: 1/`replicas` of its state per replica.
-
-    Example:
-
-    >>> p = tfmemopt.plan(model, 256, "16GiB")  # doctest: +SKIP
-    >>> p.micro_batch_size * p.accumulation_steps * p.replicas  # doctest: +SKIP
-    256
-    >>> trainable = p.apply(model)  # doctest: +SKIP
-    """
-
-    global_batch_size: int
-    micro_batch_size: int
-    accumulation_steps: int
-    replicas: int
-    checkpointing: object
-    policy: str
-    estimated_peak: int
-    relative_step_time: float
-    memory_budget: int
-    why: str = ""
-    measured_peak: int | None = None
-    considered: list = dataclasses.field(default_factory=list)
-    optimizer: str | None = None
-    sharding: int | None = None
-    base_optimizer: str = dataclasses.field(default="", repr=False)
-
-    @property
-    def model_kwargs(self) -> dict:
-        """Arguments for `tfmemopt.Model(...)` / `tfmemopt.Model.wrap(...)`."""
-        return {
-            "accumulation_steps": self.accumulation_steps,
-            "checkpointing": self.checkpointing,
-        }
-
-    def apply(self, model: keras.Model) -> keras.Model:
-        """A `tfmemopt.Model` that trains `model` with this plan.
-
-        Rebuilds `model` under the plan's dtype policy when it differs
-        (weights copied; the last layer keeps its policy so outputs stay
-        float32), enables checkpointing on it in place, wraps it with the
-        accumulation steps and compiles it as `model` was compiled. Fit the
-        result with `batch_size=plan.global_batch_size // plan.replicas`
-        per replica (the global batch under a distribution strategy).
-        With `optimizer` or `sharding` set it compiles with the new
-        optimizer, built from the compiled one's arguments; with `sharding`
-        call it inside the strategy's scope.
-        """
-        return apply_plan(self, model)
-
-    def __str__(self) -> str:
-        lines = [
-            f"micro_batch_size={self.micro_batch_size} x accumulation_steps="
-            f"{self.accumulation_steps} x replicas={self.replicas} = "
-            f"global batch {self.global_batch_size}",
-            f"checkpointing={self.checkpointing!r}, policy={self.policy!r}"
-            + (
-                f", optimizer={self.optimizer_name}"
-                if self.optimizer or self.sharding
-                else ""
-            ),
-            f"estimated peak {format_bytes(self.estimated_peak)} of budget "
-            f"{format_bytes(self.memory_budget)}"
-            + (
-                f", measured {format_bytes(self.measured_peak)}"
-                if self.measured_peak is not None
-                else ""
-            ),
-            f"relative step time {self.relative_step_time:.2f}",
-            f"why: {self.why}",
-        ]
-        return "\n".join(lines)
-
-    @property
-    def optimizer_name(self) -> str | None:
-        """`"ShardedOptimizer(AdamW8bit, stage=1)"`, ... or `None`."""
-        if not (self.optimizer or self.sharding):
-            return None
-        inner = self.optimizer or self.base_optimizer or "the optimizer"
-        if self.sharding:
-            return f"tfmemopt.ShardedOptimizer({inner}, stage={self.sharding})"
-        return f"tfmemopt.optimizers.{inner}"
 
 
 def step_time(micro, steps, checkpointing, policy, fast_16bit) -> float:
@@ -339,7 +230,7 @@ def plan(
         return _make_plan(best, global_batch_size, replicas, budget, considered)
 
     def no_fit(scale):
-        _raise_no_fit(considered, budget, global_batch_size, scale, margin)
+        raise_no_fit(considered, budget, global_batch_size, scale, margin)
 
     measure = (lambda p: measure_plan(p, model, data)) if verify else None
     return _choose(considered, limit, budget, make, no_fit, measure)
@@ -494,107 +385,4 @@ def _make_plan(best, global_batch_size, replicas, budget, considered=()):
         optimizer=best.get("optimizer"),
         sharding=best.get("sharding"),
         base_optimizer=best.get("optimizer_name", ""),
-    )
-
-
-def _bytes(n) -> str:
-    """`"1.5 MiB (1,572,864 bytes)"`: exact also for budgets under 0.1 MiB
-    (`format_mib` printed "0.0 MiB more than 0.0 MiB")."""
-    return f"{format_bytes(n)} ({int(n):,} bytes)"
-
-
-def _small_state_hint(candidate) -> str:
-    """Names tfmemopt's small-state optimizers with their estimated state
-    (8-bit moments: 2 + 8/256 bytes per parameter; factored: ~0)."""
-    count = candidate.get("parameter_count", 0)
-    now = candidate.get("optimizer_state", 0)
-    eight = int(count * (2 + 8 / 256))
-    if not count or now <= eight:
-        return " (SGD keeps none)."
-    return (
-        f": the optimizer keeps {format_bytes(now)}; "
-        f"tfmemopt.optimizers.AdamW8bit keeps about {format_bytes(eight)} "
-        "(8-bit moments), tfmemopt.optimizers.Adafactor a row and a column "
-        "per matrix (factored), SGD none."
-    )
-
-
-def _peak(c) -> int:
-    return c["peak"]
-
-
-def _kept(considered) -> list:
-    """The candidates that keep the optimizer (all, if none does)."""
-    kept = [c for c in considered if not (c["optimizer"] or c["sharding"])]
-    return kept or considered
-
-
-def _tried_text(considered) -> str:
-    """`" Tried too: AdamW8bit (smallest 2.9 MiB), ..."` or `""`."""
-    tried = {}
-    for c in considered:
-        if c["optimizer"] or c["sharding"]:
-            label = state_options.describe(
-                None, c["optimizer"] or c["optimizer_name"], c["sharding"]
-            )
-            tried[label] = min(tried.get(label, c["peak"]), c["peak"])
-    if not tried:
-        return ""
-    return " Tried too: " + ", ".join(
-        f"{k} (smallest estimate {format_bytes(v)})" for k, v in tried.items()
-    )
-
-
-def _raise_no_fit(considered, budget, global_batch_size, scale, margin):
-    state = min(c["state"] for c in considered)
-    least = min(considered, key=lambda c: c["peak"])
-    # The budget at which the smallest candidate would be chosen.
-    needed = least["peak"] * scale / (1 - margin)
-    if state >= budget:
-        raise ValueError(
-            "The model cannot fit at any batch size: its weights, gradients "
-            f"and optimizer state alone take {_bytes(state)} (estimated), "
-            f"more than memory_budget={_bytes(budget)}. Accumulation, "
-            "checkpointing and mixed precision only shrink activations. "
-            f"Raise memory_budget to at least {format_bytes(needed)} (the "
-            f"smallest plan, {_bytes(least['peak'])} estimated, plus "
-            f"margin={margin}), use more replicas with sharded state, a "
-            "smaller model, or an optimizer with less state"
-            + _small_state_hint(min(_kept(considered), key=_peak))
-            + _tried_text(considered)
-        )
-    measured = (
-        f" (x {scale:.2f}, the ratio measured/estimated by verify)"
-        if scale != 1.0
-        else ""
-    )
-    raise ValueError(
-        f"No allowed combination trains global_batch_size={global_batch_size}"
-        f" within memory_budget={_bytes(budget)}: the smallest estimate is "
-        f"{_bytes(least['peak'] * scale)}{measured} (micro-batch "
-        f"{least['micro_batch_size']}, "
-        f"checkpointing={least['checkpointing']!r}, policy="
-        f"{least['policy']!r}), more than the budget less margin={margin} "
-        f"({_bytes(budget * (1 - margin))}). Raise memory_budget to at least "
-        f"{format_bytes(needed)}, lower margin, or allow more techniques "
-        f"(tried policies {sorted({c['policy'] for c in considered})}, "
-        "checkpointing "
-        + ("too" if any(c["checkpointing"] for c in considered) else "off")
-        + ")."
-        + _state_over_limit(considered, budget * (1 - margin))
-    )
-
-
-def _state_over_limit(considered, limit) -> str:
-    """Names the small-state optimizers when the model state alone is over
-    the budget less margin (only shrinking activations cannot fit)."""
-    kept = min(_kept(considered), key=_peak)
-    if kept["state"] <= limit:
-        return ""
-    return (
-        f" The weights, gradients and optimizer state alone take "
-        f"{_bytes(kept['state'])}, more than that: allow 'optimizer_state' "
-        "or 'sharding', or use an optimizer with less state"
-        + _small_state_hint(kept)
-        + _tried_text(considered)
     )

@@ -1,0 +1,111 @@
+"""What `tfmemopt.plan` says when nothing fits: the smallest estimate, the
+budget that would fit, and the small-state optimizers it could switch to.
+"""
+
+from __future__ import annotations
+
+from tfmemopt._utils import format_bytes
+from tfmemopt.tuning import _state_options as state_options
+
+
+def _bytes(n) -> str:
+    """`"1.5 MiB (1,572,864 bytes)"`: exact also for budgets under 0.1 MiB
+    (`format_mib` printed "0.0 MiB more than 0.0 MiB")."""
+    return f"{format_bytes(n)} ({int(n):,} bytes)"
+
+
+def _small_state_hint(candidate) -> str:
+    """Names tfmemopt's small-state optimizers with their estimated state
+    (8-bit moments: 2 + 8/256 bytes per parameter; factored: ~0)."""
+    count = candidate.get("parameter_count", 0)
+    now = candidate.get("optimizer_state", 0)
+    eight = int(count * (2 + 8 / 256))
+    if not count or now <= eight:
+        return " (SGD keeps none)."
+    return (
+        f": the optimizer keeps {format_bytes(now)}; "
+        f"tfmemopt.optimizers.AdamW8bit keeps about {format_bytes(eight)} "
+        "(8-bit moments), tfmemopt.optimizers.Adafactor a row and a column "
+        "per matrix (factored), SGD none."
+    )
+
+
+def _peak(c) -> int:
+    return c["peak"]
+
+
+def _kept(considered) -> list:
+    """The candidates that keep the optimizer (all, if none does)."""
+    kept = [c for c in considered if not (c["optimizer"] or c["sharding"])]
+    return kept or considered
+
+
+def _tried_text(considered) -> str:
+    """`" Tried too: AdamW8bit (smallest 2.9 MiB), ..."` or `""`."""
+    tried = {}
+    for c in considered:
+        if c["optimizer"] or c["sharding"]:
+            label = state_options.describe(
+                None, c["optimizer"] or c["optimizer_name"], c["sharding"]
+            )
+            tried[label] = min(tried.get(label, c["peak"]), c["peak"])
+    if not tried:
+        return ""
+    return " Tried too: " + ", ".join(
+        f"{k} (smallest estimate {format_bytes(v)})" for k, v in tried.items()
+    )
+
+
+def raise_no_fit(considered, budget, global_batch_size, scale, margin):
+    state = min(c["state"] for c in considered)
+    least = min(considered, key=lambda c: c["peak"])
+    # The budget at which the smallest candidate would be chosen.
+    needed = least["peak"] * scale / (1 - margin)
+    if state >= budget:
+        raise ValueError(
+            "The model cannot fit at any batch size: its weights, gradients "
+            f"and optimizer state alone take {_bytes(state)} (estimated), "
+            f"more than memory_budget={_bytes(budget)}. Accumulation, "
+            "checkpointing and mixed precision only shrink activations. "
+            f"Raise memory_budget to at least {format_bytes(needed)} (the "
+            f"smallest plan, {_bytes(least['peak'])} estimated, plus "
+            f"margin={margin}), use more replicas with sharded state, a "
+            "smaller model, or an optimizer with less state"
+            + _small_state_hint(min(_kept(considered), key=_peak))
+            + _tried_text(considered)
+        )
+    measured = (
+        f" (x {scale:.2f}, the ratio measured/estimated by verify)"
+        if scale != 1.0
+        else ""
+    )
+    raise ValueError(
+        f"No allowed combination trains global_batch_size={global_batch_size}"
+        f" within memory_budget={_bytes(budget)}: the smallest estimate is "
+        f"{_bytes(least['peak'] * scale)}{measured} (micro-batch "
+        f"{least['micro_batch_size']}, "
+        f"checkpointing={least['checkpointing']!r}, policy="
+        f"{least['policy']!r}), more than the budget less margin={margin} "
+        f"({_bytes(budget * (1 - margin))}). Raise memory_budget to at least "
+        f"{format_bytes(needed)}, lower margin, or allow more techniques "
+        f"(tried policies {sorted({c['policy'] for c in considered})}, "
+        "checkpointing "
+        + ("too" if any(c["checkpointing"] for c in considered) else "off")
+        + ")."
+        + _state_over_limit(considered, budget * (1 - margin))
+    )
+
+
+def _state_over_limit(considered, limit) -> str:
+    """Names the small-state optimizers when the model state alone is over
+    the budget less margin (only shrinking activations cannot fit)."""
+    kept = min(_kept(considered), key=_peak)
+    if kept["state"] <= limit:
+        return ""
+    return (
+        f" The weights, gradients and optimizer state alone take "
+        f"{_bytes(kept['state'])}, more than that: allow 'optimizer_state' "
+        "or 'sharding', or use an optimizer with less state"
+        + _small_state_hint(kept)
+        + _tried_text(considered)
+    )
