@@ -15,6 +15,7 @@ import keras
 import tensorflow as tf
 
 from tfmemopt import optimizers
+from tfmemopt._utils import format_bytes
 from tfmemopt.estimate._allocator import chunk_overhead
 from tfmemopt.estimate._optimizer_state import _SLOTS
 from tfmemopt.optimizers import _common
@@ -172,7 +173,7 @@ def update_temporaries(weights, optimizer, counted, shards=1) -> Update:
         notes.append(
             f"{type(_inner(optimizer)).__name__}'s masked update keeps "
             "constant zeros of each weight's size (Grappler folds "
-            f"`tf.zeros_like`): {resident} bytes in `temporaries`"
+            f"`tf.zeros_like`): {format_bytes(resident)} in `temporaries`"
         )
     state_each = [[counted(n) for n in u.state] for u in updates]
     return Update(
