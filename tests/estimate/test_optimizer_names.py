@@ -12,8 +12,8 @@ import tfmemopt
 from tfmemopt import cli
 from tfmemopt import estimate_memory
 from tfmemopt.cli._main import build_parser
+from tfmemopt.tuning import Plan
 from tfmemopt.tuning import _state_options as state_options
-from tfmemopt.tuning._planner import Plan
 
 _ALLOW = (state_options.SHARDING, state_options.OPTIMIZER_STATE)
 _BASES = {
