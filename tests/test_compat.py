@@ -82,7 +82,7 @@ class _Masked:
 
 # Private names read outside _compat: (where, object, attribute).
 _OTHER_PRIVATE = [
-    ("accumulation, checkpointing", keras.KerasTensor, "_keras_history"),
+    ("checkpointing, precision/_advice", keras.KerasTensor, "_keras_history"),
     ("accumulation/_loss_normalization", keras.Model, "_compile_loss"),
     ("checkpointing/_apply", keras.layers.Layer, "_inbound_nodes"),
     ("checkpointing/_apply", keras.layers.Layer, "_outbound_nodes"),
