@@ -74,10 +74,11 @@ def weight_update(optimizer, elements: int, itemsize: int, shards=1):
     - `tfmemopt.optimizers.Adafactor`, and an 8-bit optimizer's float32
       moments (weights below `min_8bit_size`): two float32 tensors of the
       weight's size (Adafactor squares the gradient and the weight, for
-      its RMS, at once: 4 + 4 MiB). Their masked update, `tf.where(ok,
-      delta, tf.zeros_like(delta))`, leaves a constant of float32 zeros of
-      the weight's size that Grappler folded: it stays allocated from the
-      first step on (`adafactor/zeros_like`, never freed in the trace).
+      its RMS, at once: 4 + 4 MiB). A masked update that builds zeros of
+      the delta's size (`tf.where(ok, delta, tf.zeros_like(delta))`, as
+      `_common.masked_delta` did until #23) leaves a constant Grappler
+      folded, allocated from the first step on (`adafactor/zeros_like`,
+      never freed in the trace); read from the graph, counted if so.
     - Any other optimizer (probed for its state): nothing known, nothing
       counted.
     """

@@ -187,8 +187,14 @@ def all_finite(tensors) -> tf.Tensor:
 
 
 def masked_delta(ok, delta, dtype) -> tf.Tensor:
-    """`delta` where `ok`, else zeros, cast to the weight's `dtype`."""
-    return tf.cast(tf.where(ok, delta, tf.zeros_like(delta)), dtype)
+    """`delta` where `ok`, else zeros, cast to the weight's `dtype`.
+
+    The zero is a scalar that `tf.where` broadcasts: `tf.zeros_like(delta)`
+    was folded by Grappler into a constant as large as the weight that
+    stayed allocated for the whole run (4 bytes per parameter, measured on
+    Adafactor's step: 24.0 -> 18.0 MiB on a 1.58M-parameter MLP).
+    """
+    return tf.cast(tf.where(ok, delta, tf.zeros([], delta.dtype)), dtype)
 
 
 def assign_if(variable, value, ok):
