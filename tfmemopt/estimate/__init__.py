@@ -7,9 +7,9 @@ for the backward pass and its temporaries, for the settings tfmemopt offers.
 See docs/estimator.md.
 """
 
-from tfmemopt.estimate._estimate import CPU_STATS_MIN_BYTES
 from tfmemopt.estimate._estimate import MemoryEstimate
 from tfmemopt.estimate._estimate import estimate_memory
+from tfmemopt.estimate._settings import CPU_STATS_MIN_BYTES
 
 __all__ = [
     "CPU_STATS_MIN_BYTES",

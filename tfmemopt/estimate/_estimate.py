@@ -10,13 +10,11 @@ gradient graph of the model (traced, not run), so every layer is covered.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import keras
 
 from tfmemopt._compat import sublayers
-from tfmemopt._utils import check_int
 from tfmemopt._utils import format_bytes
 from tfmemopt.accumulation import Model
 from tfmemopt.distribute import ShardedOptimizer
@@ -25,53 +23,15 @@ from tfmemopt.estimate._activation_rules import unknown_layers
 from tfmemopt.estimate._kernels import rewritten_sum_zeros
 from tfmemopt.estimate._optimizer_state import _itemsize
 from tfmemopt.estimate._optimizer_state import optimizer_state_bytes
-from tfmemopt.estimate._optimizer_state import resolve_optimizer
 from tfmemopt.estimate._result import MemoryEstimate
+from tfmemopt.estimate._settings import Settings
+from tfmemopt.estimate._settings import counted
+from tfmemopt.estimate._settings import resolve_settings
 from tfmemopt.estimate._step_graph import trace_step
 from tfmemopt.estimate._update import chunks
 from tfmemopt.estimate._update import consumers
 from tfmemopt.estimate._update import update_temporaries
 from tfmemopt.precision._policy_clone import rebuilt_under
-
-_POLICIES = (
-    "float32",
-    "float16",
-    "bfloat16",
-    "mixed_float16",
-    "mixed_bfloat16",
-)
-_CHECKPOINTING = ("auto", "blocks")
-
-
-def _resolve_policy(policy, model):
-    if policy is None:
-        return model.dtype_policy
-    if isinstance(policy, keras.DTypePolicy):
-        return policy
-    if isinstance(policy, str) and policy in _POLICIES:
-        return keras.DTypePolicy(policy)
-    raise ValueError(
-        f"Unknown dtype policy {policy!r}. Expected one of "
-        f"{', '.join(_POLICIES)}, or a `keras.DTypePolicy`. Fix: pass e.g. "
-        "policy='mixed_bfloat16'."
-    )
-
-
-def _check_checkpointing(checkpointing):
-    if checkpointing in (None, False):
-        return None
-    if checkpointing is True:
-        return "auto"
-    if isinstance(checkpointing, str) and checkpointing in _CHECKPOINTING:
-        return checkpointing
-    if isinstance(checkpointing, int) and not isinstance(checkpointing, bool):
-        check_int("checkpointing", checkpointing)
-        return checkpointing
-    raise ValueError(
-        f"Unknown checkpointing policy {checkpointing!r}. Expected None, "
-        f"{', '.join(repr(c) for c in _CHECKPOINTING)}, or an integer (layers "
-        "per segment). Fix: pass e.g. checkpointing='auto'."
-    )
 
 
 def estimate_memory(
@@ -179,33 +139,23 @@ def estimate_memory(
     >>> est.parameters  # (32 * 8 + 8) float32 weights
     1056
     """
-    _check_counts(model, batch_size, accumulation_steps, replicas)
-    trainer = _resolve_trainer(trainer, model, accumulation_steps)
-    dtype_policy = _resolve_policy(policy, model)
-    ckpt = _check_checkpointing(checkpointing)
-    opt, opt_source = resolve_optimizer(optimizer, model)
-    per_replica = math.ceil(batch_size / replicas)
-    s = _Settings(
-        policy=dtype_policy,
-        checkpointing=ckpt,
-        optimizer=opt,
-        opt_source=opt_source,
-        trainer=trainer,
-        accumulation_steps=accumulation_steps,
-        per_replica=per_replica,
-        micro=math.ceil(per_replica / accumulation_steps),
-        compute=_itemsize(dtype_policy.compute_dtype),
-        variable=_itemsize(dtype_policy.variable_dtype),
-        replicas=replicas,
+    s = resolve_settings(
+        model,
+        batch_size,
+        optimizer,
+        policy,
+        accumulation_steps,
+        checkpointing,
+        replicas,
+        trainer,
+        sequence_length,
+        min_counted_bytes,
     )
-    if sequence_length is not None:
-        check_int("sequence_length", sequence_length)
-    s.floor = _check_floor(min_counted_bytes)
     # Trace first: a subclassed model may create its weights on first call.
     traced, step, rescale = _trace(model, s, input_shape, sequence_length)
     trainable = model.trainable_weights
-    params = sum(_counted(_weight_bytes(v, s), s) for v in model.weights)
-    grads = sum(_counted(_weight_bytes(v, s), s) for v in trainable)
+    params = sum(counted(_weight_bytes(v, s), s) for v in model.weights)
+    grads = sum(counted(_weight_bytes(v, s), s) for v in trainable)
     opt_bytes, opt_how = _optimizer_bytes(trainable, s)
     notes = [f"optimizer: {opt_how} ({s.opt_source})"]
     if s.floor:
@@ -214,55 +164,13 @@ def estimate_memory(
             "(min_counted_bytes): the allocator statistics' view"
         )
     activations = _activations(model, traced, step, rescale, s, notes)
-    # The simulated peak holds the gradients that exist at that point, as
-    # the step makes them (an embedding's as its gathered rows); what is
-    # above the activations, the inputs and the dense gradients counted
-    # in `gradients` is a temporary.
-    temporaries = max(0, step.peak - step.saved - grads - step.inputs)
-    if replicas > 1:  # the all-reduce's packed copy of the gradients
-        temporaries += grads
-    # After the backward pass (and the all-reduce) the optimizer updates
-    # each weight with temporaries of the weight's size; the activations
-    # are freed by then.
-    shards = s.replicas if isinstance(s.optimizer, ShardedOptimizer) else 1
-    update = update_temporaries(
-        [(math.prod(v.shape), _weight_bytes(v, s)) for v in trainable],
-        s.optimizer,
-        lambda n: _counted(n, s),
-        shards,
+    temporaries, freed, update = _step_temporaries(
+        trainable, step, s, grads, activations
     )
-    after = step.gradients + update.peak - grads - activations
-    temporaries = max(temporaries, after)
-    freed = 0
-    if step.updating_peak is not None:
-        # Each gradient is consumed as it is made: by its weight's update,
-        # or added into its accumulator (then the window's update comes
-        # after the last micro-batch, with every gradient).
-        during = max(0, step.updating_peak - step.saved - step.inputs)
-        end = after + grads + activations if s.accumulation_steps > 1 else 0
-        x = max(activations + during, end) - grads - activations
-        temporaries, freed = max(0, x), max(0, -x)
-    temporaries += update.resident  # allocated from the first step on
     notes += update.notes
     inputs, accumulation = _accumulation(trainable, step, s, notes)
-    if s.floor:  # the allocator of the CPU statistics: whole chunks
-        temporaries += chunks(
-            [_counted(_weight_bytes(v, s), s) for v in model.weights],
-            [_counted(_weight_bytes(v, s), s) for v in trainable],
-            s.optimizer,
-            s.accumulation_steps > 1,
-            step,
-            s.per_replica // s.micro,
-            update,
-        )
-        zeros = rewritten_sum_zeros(step)
-        if zeros:
-            temporaries += zeros
-            notes.append(
-                "Grappler rewrites gradient sums alive at the peak into "
-                "accumulations; their zeros stay allocated "
-                f"({format_bytes(zeros)}; the CPU device's 256 MiB)"
-            )
+    if s.floor:
+        temporaries += _cpu_allocator(model, trainable, step, s, update, notes)
     if replicas > 1:
         notes.append(
             f"{replicas} replicas: batch {s.per_replica} per replica, a "
@@ -292,76 +200,72 @@ def estimate_memory(
     )
 
 
-@dataclasses.dataclass
-class _Settings:
-    """The checked arguments of `estimate_memory` and what follows."""
+def _step_temporaries(trainable, step, s: Settings, grads, activations):
+    """`(temporaries, freed, update)`: what the step holds beyond the
+    weights, state, gradients, activations and inputs at its peak.
 
-    policy: keras.DTypePolicy
-    checkpointing: object
-    optimizer: keras.optimizers.Optimizer
-    opt_source: str
-    trainer: str
-    accumulation_steps: int
-    per_replica: int  # samples per replica
-    micro: int  # samples per micro-batch
-    compute: int  # bytes per activation under the policy
-    variable: int  # bytes per float weight under the policy
-    replicas: int = 1
-    floor: int = 0  # allocations below this many bytes are not counted
-    policy_in_place: bool = False  # traced with the policy set on its layers
+    The backward pass's own temporaries (the simulated peak less what is
+    counted elsewhere), the all-reduce's packed copy of the gradients, the
+    optimizer update's temporaries once the activations are freed, and,
+    where the update starts during the backward pass, the gradients it
+    frees (`freed`), with what it keeps from the first step on.
+    """
+    # The simulated peak holds the gradients that exist at that point, as
+    # the step makes them (an embedding's as its gathered rows); what is
+    # above the activations, the inputs and the dense gradients counted
+    # in `gradients` is a temporary.
+    temporaries = max(0, step.peak - step.saved - grads - step.inputs)
+    if s.replicas > 1:  # the all-reduce's packed copy of the gradients
+        temporaries += grads
+    # After the backward pass (and the all-reduce) the optimizer updates
+    # each weight with temporaries of the weight's size; the activations
+    # are freed by then.
+    shards = s.replicas if isinstance(s.optimizer, ShardedOptimizer) else 1
+    update = update_temporaries(
+        [(math.prod(v.shape), _weight_bytes(v, s)) for v in trainable],
+        s.optimizer,
+        lambda n: counted(n, s),
+        shards,
+    )
+    after = step.gradients + update.peak - grads - activations
+    temporaries = max(temporaries, after)
+    freed = 0
+    if step.updating_peak is not None:
+        # Each gradient is consumed as it is made: by its weight's update,
+        # or added into its accumulator (then the window's update comes
+        # after the last micro-batch, with every gradient).
+        during = max(0, step.updating_peak - step.saved - step.inputs)
+        end = after + grads + activations if s.accumulation_steps > 1 else 0
+        x = max(activations + during, end) - grads - activations
+        temporaries, freed = max(0, x), max(0, -x)
+    temporaries += update.resident  # allocated from the first step on
+    return temporaries, freed, update
 
 
-# oneDNN's CPU allocator (TF_ENABLE_ONEDNN_OPTS=1) serves allocations below
-# 256 KiB from a separate small-size allocator that its statistics, read by
-# `tf.config.experimental.get_memory_info("CPU:0")`, do not count (measured:
-# a 255 KiB tensor adds 0 to `current`, a 256 KiB one 256 KiB).
-CPU_STATS_MIN_BYTES = 256 * 1024
-
-
-def _check_floor(min_counted_bytes) -> int:
-    if (
-        not isinstance(min_counted_bytes, int)
-        or isinstance(min_counted_bytes, bool)
-        or min_counted_bytes < 0
-    ):
-        raise ValueError(
-            "`min_counted_bytes` must be an int >= 0 (bytes; 0 counts every "
-            f"allocation). Received: min_counted_bytes={min_counted_bytes!r}."
-            " Fix: pass 0, or CPU_STATS_MIN_BYTES (262144) to compare with "
-            "CPU memory statistics."
+def _cpu_allocator(model, trainable, step, s: Settings, update, notes):
+    """What the CPU statistics' allocator adds (with `min_counted_bytes`):
+    its whole chunks, and the zeros of Grappler's rewrite of large gradient
+    sums (docs/estimator.md: both model the CPU, not a GPU)."""
+    extra = chunks(
+        [counted(_weight_bytes(v, s), s) for v in model.weights],
+        [counted(_weight_bytes(v, s), s) for v in trainable],
+        s.optimizer,
+        s.accumulation_steps > 1,
+        step,
+        s.per_replica // s.micro,
+        update,
+    )
+    zeros = rewritten_sum_zeros(step)
+    if zeros:
+        notes.append(
+            "Grappler rewrites gradient sums alive at the peak into "
+            "accumulations; their zeros stay allocated "
+            f"({format_bytes(zeros)}; the CPU device's 256 MiB)"
         )
-    return min_counted_bytes
+    return extra + zeros
 
 
-def _counted(nbytes: int, s: _Settings) -> int:
-    """`nbytes` as the allocator's statistics count one allocation."""
-    return 0 if nbytes < s.floor else nbytes
-
-
-def _check_counts(model, batch_size, accumulation_steps, replicas) -> None:
-    if not isinstance(model, keras.Model):
-        raise TypeError(
-            "`model` must be a `keras.Model`. Received: "
-            f"model={model!r} (of type {type(model).__name__})."
-        )
-    check_int("batch_size", batch_size)
-    check_int("accumulation_steps", accumulation_steps)
-    check_int("replicas", replicas)
-
-
-def _resolve_trainer(trainer, model, accumulation_steps) -> str:
-    if trainer is None:
-        tfm = isinstance(model, Model) or accumulation_steps > 1
-        return "tfmemopt" if tfm else "keras"
-    if trainer not in ("keras", "tfmemopt"):
-        raise ValueError(
-            f"Unknown trainer {trainer!r}. Expected None, 'keras' or "
-            "'tfmemopt'. Fix: pass trainer='keras' for `keras.Model.fit`."
-        )
-    return trainer
-
-
-def _trace(model, s: _Settings, input_shape=None, sequence_length=None):
+def _trace(model, s: Settings, input_shape=None, sequence_length=None):
     """`(traced model, its step graph, whether activations are rescaled)`.
 
     Another policy: trace the model rebuilt under it (Keras keeps some
@@ -396,7 +300,7 @@ def _trace(model, s: _Settings, input_shape=None, sequence_length=None):
                 s.optimizer,
                 s.accumulation_steps > 1,
                 s.replicas,
-                lambda v: _counted(_weight_bytes(v, s), s),
+                lambda v: counted(_weight_bytes(v, s), s),
             ),
         )
 
@@ -427,14 +331,14 @@ def _swap_policies(model, policy):
     return swapped
 
 
-def _weight_bytes(v, s: _Settings) -> int:
+def _weight_bytes(v, s: Settings) -> int:
     n = math.prod(v.shape)
     if keras.backend.is_float_dtype(v.dtype):
         return n * s.variable
     return n * _itemsize(v.dtype)
 
 
-def _optimizer_bytes(trainable, s: _Settings):
+def _optimizer_bytes(trainable, s: Settings):
     """`(bytes, how)` of the optimizer's slots for the trainable weights."""
     # Below the floor: the slots of a weight that is itself not counted
     # (every slot is at most the weight's size).
@@ -446,14 +350,14 @@ def _optimizer_bytes(trainable, s: _Settings):
             else v.dtype,
         )
         for v in trainable
-        if _counted(_weight_bytes(v, s), s)
+        if counted(_weight_bytes(v, s), s)
     ]
     if isinstance(s.optimizer, ShardedOptimizer) and s.replicas > 1:
         return _sharded_state_bytes(s.optimizer.inner_optimizer, shapes, s)
     return optimizer_state_bytes(s.optimizer, shapes)
 
 
-def _sharded_state_bytes(inner, shapes, s: _Settings):
+def _sharded_state_bytes(inner, shapes, s: Settings):
     """`(bytes, how)` one replica keeps under `ShardedOptimizer(inner)`.
 
     Each variable's state is counted whole, as `inner` keeps it (an 8-bit
@@ -473,7 +377,7 @@ def _sharded_state_bytes(inner, shapes, s: _Settings):
     return nbytes, f"ShardedOptimizer({how}), 1/{s.replicas} of it per replica"
 
 
-def _activations(model, traced, step, rescale, s: _Settings, notes) -> int:
+def _activations(model, traced, step, rescale, s: Settings, notes) -> int:
     """Activations kept for the backward pass: traced, unknown-sized
     layers by rule, 16-bit weight copies, checkpointing. Adds notes."""
     activations = step.saved
@@ -493,7 +397,7 @@ def _activations(model, traced, step, rescale, s: _Settings, notes) -> int:
     elif rescale and s.compute < s.variable:
         # The 16-bit copies of the weights read by the backward pass.
         casts = sum(
-            _counted(math.prod(v.shape) * s.compute, s)
+            counted(math.prod(v.shape) * s.compute, s)
             for v in model.trainable_weights
             if keras.backend.is_float_dtype(v.dtype)
         )
@@ -514,13 +418,13 @@ def _activations(model, traced, step, rescale, s: _Settings, notes) -> int:
     return activations + unknown_bytes
 
 
-def _accumulation(trainable, step, s: _Settings, notes):
+def _accumulation(trainable, step, s: Settings, notes):
     """`(input bytes, accumulator bytes)`; adds a note when accumulating."""
     inputs = step.inputs
     if s.accumulation_steps <= 1:
         return inputs, 0
     inputs += sum(
-        _counted(n * s.per_replica // s.micro, s) for n in step.input_sizes
+        counted(n * s.per_replica // s.micro, s) for n in step.input_sizes
     )
     # Dense gradients are summed into float32 accumulators, which live
     # beside each micro-batch's gradients (measured: ResNet50's window
@@ -529,7 +433,7 @@ def _accumulation(trainable, step, s: _Settings, notes):
     # lookups) stay sparse: every micro-batch's rows are kept, then
     # concatenated when the window ends (two copies).
     accumulation = sum(
-        _counted(math.prod(v.shape) * 4, s)
+        counted(math.prod(v.shape) * 4, s)
         for i, v in enumerate(trainable)
         if i not in step.sparse_rows
     )
@@ -537,7 +441,7 @@ def _accumulation(trainable, step, s: _Settings, notes):
     n_micro = s.per_replica // s.micro
     rows = sum(n * n_micro for n in step.sparse_rows.values())
     accumulation += sum(
-        n_micro * _counted(n, s) + _counted(n * n_micro, s)
+        n_micro * counted(n, s) + counted(n * n_micro, s)
         for n in step.sparse_rows.values()
     )
     notes.append(
