@@ -88,7 +88,7 @@ def weight_update(optimizer, elements: int, itemsize: int, shards=1):
     if slots is not None:
         return WeightUpdate([part * itemsize] * (2 if slots else 1))
     eight = isinstance(inner, optimizers.Adam8bit)
-    if eight and elements >= max(inner.min_8bit_size, 1):
+    if eight and inner.uses_8bit((elements,)):
         moments = 3 if inner.amsgrad else 2
         chunks = inner._chunks((part,))
         piece = chunks[0] if chunks else part

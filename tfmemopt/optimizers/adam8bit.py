@@ -27,6 +27,16 @@ class _State:
         self.slots = []
 
 
+def _size(shape) -> int:
+    return int(np.prod(tuple(shape), dtype=np.int64))
+
+
+def _is_8bit(size: int, min_8bit_size: int) -> bool:
+    """The rule: a variable of `size` elements gets 8-bit codes when it has
+    at least `min_8bit_size` (and at least one) elements."""
+    return size >= max(min_8bit_size, 1)
+
+
 @keras.saving.register_keras_serializable(package="tfmemopt")
 class Adam8bit(_common.StateOptimizer):
     """Adam whose two moments are stored as 8-bit codes: ~2 bytes/parameter.
@@ -143,11 +153,15 @@ class Adam8bit(_common.StateOptimizer):
     def _slot_names(self):
         return ("m", "v", "vhat") if self.amsgrad else ("m", "v")
 
+    def uses_8bit(self, shape) -> bool:
+        """Whether a variable of `shape` keeps 8-bit codes (else float32
+        moments). The one place this is decided: the state it builds, its
+        bytes, `ShardedOptimizer`'s cut and the estimator all ask here. The
+        whole parameter's shape decides, also for a partition of it."""
+        return _is_8bit(_size(shape), self.min_8bit_size)
+
     def _uses_8bit(self, variable) -> bool:
-        # The whole parameter's size decides, also for a partition of it
-        # under tfmemopt.ShardedOptimizer.
-        size = int(np.prod(_common.whole_shape(variable), dtype=np.int64))
-        return size >= max(self.min_8bit_size, 1)
+        return self.uses_8bit(_common.whole_shape(variable))
 
     def _add_state(self, variable, prefix):
         if variable is None:
@@ -191,9 +205,9 @@ class Adam8bit(_common.StateOptimizer):
         """Bytes of moments this optimizer keeps for a variable of `shape`
         (EMA copies aside): codes and scales, or float32 moments below
         `min_8bit_size`. Used by `tfmemopt.estimate_memory`."""
-        size = int(np.prod(tuple(shape), dtype=np.int64))
+        size = _size(shape)
         slots = len(self._slot_names)
-        if size >= max(self.min_8bit_size, 1):
+        if self.uses_8bit(shape):
             return slots * (size + 4 * q.num_blocks(size, self.block_size))
         return slots * 4 * size
 
@@ -204,8 +218,7 @@ class Adam8bit(_common.StateOptimizer):
         multiple of, for `tfmemopt.ShardedOptimizer`: `block_size` for an
         8-bit variable, so each replica's blocks are whole blocks of the
         unsharded state (the same codes and scales), 1 otherwise."""
-        size = int(np.prod(tuple(shape), dtype=np.int64))
-        return self.block_size if size >= max(self.min_8bit_size, 1) else 1
+        return self.block_size if self.uses_8bit(shape) else 1
 
     def shard_state(self) -> list:
         """How `tfmemopt.ShardedOptimizer` cuts this state, after a build on
@@ -442,7 +455,7 @@ class Adam8bit(_common.StateOptimizer):
                 continue
             shape = _common.whole_shape(var)
             size = int(np.prod(shape, dtype=np.int64))
-            saved_eight = size >= max(min_8bit_size, 1)
+            saved_eight = _is_8bit(size, min_8bit_size)
             for name in self._slot_names:
                 signed = name == "m"
                 if saved_eight:
