@@ -18,6 +18,7 @@ from tfmemopt._compat import sublayers
 from tfmemopt._utils import format_bytes
 from tfmemopt.accumulation import Model
 from tfmemopt.distribute import ShardedOptimizer
+from tfmemopt.distribute._shard_layout import Layout
 from tfmemopt.estimate._activation_rules import checkpointed_activations
 from tfmemopt.estimate._activation_rules import unknown_layers
 from tfmemopt.estimate._kernels import rewritten_sum_zeros
@@ -364,14 +365,18 @@ def _sharded_state_bytes(inner, shapes, s: Settings):
     optimizer decides 8-bit or float32 on the whole variable), then cut as
     the sharding cuts it: into R parts of whole units, a unit being
     `inner.shard_alignment(shape)` elements (a block of 8-bit codes and its
-    scale) or one element; a replica holds at most ceil(units / R).
+    scale) or one element; a replica holds at most ceil(units / R). The
+    cut is `ShardedOptimizer`'s own (`Layout`), not computed again here.
     """
     align = getattr(inner, "shard_alignment", lambda shape: 1)
     nbytes = 0
     for shape, dtype in shapes:
         whole, _ = optimizer_state_bytes(inner, [(shape, dtype)])
-        units = max(1, -(-math.prod(shape) // align(shape)))
-        held = -(-units // s.replicas)  # ceil(units / R)
+        layout = Layout(shape, s.replicas, align(shape))
+        if not layout.n:
+            continue
+        units = -(-layout.n // layout.align)
+        held = -(-layout.c // layout.align)  # the largest part's units
         nbytes += -(-whole * held // units)  # ceil(whole * held / units)
     _, how = optimizer_state_bytes(inner, shapes)
     return nbytes, f"ShardedOptimizer({how}), 1/{s.replicas} of it per replica"
