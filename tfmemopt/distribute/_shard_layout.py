@@ -23,8 +23,27 @@ as one more slot).
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import tensorflow as tf
+
+
+class StateCut(NamedTuple):
+    """One state variable of an optimizer, as `ShardedOptimizer` cuts it.
+
+    What an optimizer's `shard_state()` lists (docs/architecture.md,
+    "Optimizer contract"), one per state variable built on the partition
+    stand-ins: `variable`, the `index` of its model variable in the
+    optimizer's variable list, the `whole_shape` of the unsharded state,
+    and `per_entry`, the elements of the model variable each entry stands
+    for (1: codes or moments, one per element; the 8-bit block size: one
+    scale per block). A plain 4-tuple in this order is accepted too.
+    """
+
+    variable: object
+    index: int
+    whole_shape: tuple
+    per_entry: int
 
 
 class Layout:

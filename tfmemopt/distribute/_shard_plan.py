@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from tfmemopt.distribute._shard_layout import Layout
 from tfmemopt.distribute._shard_layout import ParamRef
+from tfmemopt.distribute._shard_layout import StateCut
 
 
 def _on_read(next_creator, **kwargs):
@@ -96,7 +97,8 @@ def _described_state(inner, refs):
     entries per element are cut like their parameter, entries per block
     (scales) into each replica's blocks."""
     out = {}
-    for var, index, shape, per_entry in inner.shard_state():
+    for item in inner.shard_state():
+        var, index, shape, per_entry = StateCut(*item)
         layout = refs[index].layout
         if per_entry == 1:
             cut = layout.with_shape(shape)

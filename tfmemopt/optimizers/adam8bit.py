@@ -8,6 +8,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tfmemopt.distribute._shard_layout import StateCut
 from tfmemopt.optimizers import _common
 from tfmemopt.optimizers import _quantization as q
 from tfmemopt.optimizers._update_8bit import adam_moments
@@ -222,8 +223,8 @@ class Adam8bit(_common.StateOptimizer):
 
     def shard_state(self) -> list:
         """How `tfmemopt.ShardedOptimizer` cuts this state, after a build on
-        its partition stand-ins: `(state variable, index of its model
-        variable, whole shape, elements per entry)` for each state variable.
+        its partition stand-ins: a `StateCut(variable, index, whole_shape,
+        per_entry)` for each state variable.
         Codes and float32 moments hold one entry per element of the
         partition; scales one per `block_size` elements (one per block)."""
         out = []
@@ -237,11 +238,13 @@ class Adam8bit(_common.StateOptimizer):
             size = int(np.prod(shape, dtype=np.int64))
             for slot in slots:
                 if eight:
-                    out.append((slot[0], index, (size,), 1))
+                    out.append(StateCut(slot[0], index, (size,), 1))
                     blocks = (q.num_blocks(size, self.block_size),)
-                    out.append((slot[1], index, blocks, self.block_size))
+                    out.append(
+                        StateCut(slot[1], index, blocks, self.block_size)
+                    )
                 else:
-                    out.append((slot, index, shape, 1))
+                    out.append(StateCut(slot, index, shape, 1))
         return out
 
     def _state_variables(self) -> list:
