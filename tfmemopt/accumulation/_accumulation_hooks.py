@@ -21,10 +21,10 @@ import contextlib
 
 import keras
 import tensorflow as tf
-from keras import ops
 
 from tfmemopt._compat import in_xla_function
 from tfmemopt._utils import check_int
+from tfmemopt.distribute._gradients import count_non_finite
 from tfmemopt.distribute._keras_fixes import refuse_jit_replicas
 
 _ORIGINAL = "_tfmemopt_original_non_finite_handler"
@@ -221,13 +221,12 @@ def local_sum(strategy, variable):
 
 def all_finite(strategy, grads, accumulators):
     """True when every replica's gradients and accumulators are finite."""
-    flags = []
-    for value in list(grads) + list(accumulators):
-        for local in local_values(strategy, value):
-            if isinstance(local, tf.IndexedSlices):
-                local = local.values
-            flags.append(ops.all(ops.isfinite(local)))
-    return ops.all(ops.stack(flags))
+    locals_ = [
+        local
+        for value in list(grads) + list(accumulators)
+        for local in local_values(strategy, value)
+    ]
+    return tf.equal(count_non_finite(locals_), 0.0)
 
 
 def clip_after_all_reduce(inner) -> None:

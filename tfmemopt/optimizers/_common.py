@@ -9,6 +9,8 @@ import numbers
 import keras
 import tensorflow as tf
 
+from tfmemopt.distribute._gradients import count_non_finite
+
 
 def _int_at_least(name: str, value, minimum: int, expected: str, hint: str):
     if (
@@ -178,12 +180,9 @@ def state_prefix(variable) -> str:
 
 
 def all_finite(tensors) -> tf.Tensor:
-    """True when every tensor of `tensors` is finite (at least one)."""
-    tensors = list(tensors)
-    ok = tf.reduce_all(tf.math.is_finite(tensors[0]))
-    for tensor in tensors[1:]:
-        ok = tf.logical_and(ok, tf.reduce_all(tf.math.is_finite(tensor)))
-    return ok
+    """True when every tensor of `tensors` is finite (at least one): the
+    package's one non-finite count (`distribute/_gradients.py`)."""
+    return tf.equal(count_non_finite(list(tensors)), 0.0)
 
 
 def masked_delta(ok, delta, dtype) -> tf.Tensor:
