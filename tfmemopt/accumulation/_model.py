@@ -217,7 +217,9 @@ class Model(_dist.FitFixes, keras.Model):
 
     def compile(self, *args, **kwargs):
         _dist.on_compile()
-        if args:
+        if kwargs.get("auto_scale_loss", True) is False:
+            pass  # asked for no loss scaling: as Keras does, none is added
+        elif args:
             args = (_loss_scaled(self, args[0]), *args[1:])
         elif "optimizer" in kwargs:
             kwargs["optimizer"] = _loss_scaled(self, kwargs["optimizer"])
