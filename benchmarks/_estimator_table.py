@@ -83,6 +83,55 @@ def _summary(errors):
     )
 
 
+def _signed(r):
+    return (r["estimate"] - r["measured"]) / r["measured"]
+
+
+def summarize(rows):
+    """One set's figures: median |error|, worst, signed median (bias),
+    how many over and under, how many within 15%."""
+    errs = [_signed(r) for r in rows if r.get("measured")]
+    if not errs:
+        return "no cases"
+    absolute = [abs(e) for e in errs]
+    return (
+        f"{len(errs)} cases, median |error| "
+        f"{statistics.median(absolute):.1%}, worst {max(absolute):.1%}, "
+        f"signed median {statistics.median(errs):+.1%} "
+        f"({sum(e > 0 for e in errs)} over, {sum(e < 0 for e in errs)} "
+        f"under); {sum(e <= 0.15 for e in absolute)} within 15%"
+    )
+
+
+SETS = (
+    (
+        "design",
+        "the models the estimator's rules were found and checked on, Adam",
+    ),
+    (
+        "heldout",
+        "model families no rule was designed on, Adam and SGD with "
+        "momentum 0.9, no rule tuned against them; "
+        "benchmarks/_estimator_heldout.py says why each is held out",
+    ),
+)
+
+# Both sets before and after the changes of issue #23 (the same stored
+# measurements, re-estimated), printed above the per-set figures.
+HISTORY = """\
+Before and after issue #23 (held-out measurements: the median of 3 runs,
+each in fresh processes; the estimates on main before the changes and
+after, on the same measurements; docs/estimator.md says what changed):
+
+| set | estimate | n | median abs | worst | signed median | over/under | <15% |
+|---|---|---|---|---|---|---|---|
+| design | before | 66 | 3.1% | 13.3% | -2.1% | 18 / 47 | 66 |
+| design | after | 66 | 3.1% | 13.3% | -2.1% | 19 / 46 | 66 |
+| held-out | before | 28 | 10.9% | 137.5% | -2.2% | 12 / 16 | 17 |
+| held-out | after | 28 | 8.6% | 24.8% | -4.2% | 6 / 22 | 23 |
+"""
+
+
 def write_table(rows, models):
     """Writes the `estimator_accuracy` section of BENCHMARKS.md."""
     from _report import table
@@ -98,7 +147,7 @@ def write_table(rows, models):
         m = r["measured"]
         if not m:
             body.append(
-                [r["model"], r["variant"], r["batch"]]
+                [r.get("set", "design"), r["model"], r["variant"], r["batch"]]
                 + ["-"] * 4
                 + [r["error"] or "not measured"]
             )
@@ -111,6 +160,7 @@ def write_table(rows, models):
         ratio = f"{m / f32:.2f}" if f32 and r["variant"] != "base" else ""
         body.append(
             [
+                r.get("set", "design"),
                 r["model"],
                 r["variant"],
                 r["batch"],
@@ -129,7 +179,13 @@ def write_table(rows, models):
             if missing
             else ""
         )
-        + f"- **All cases**: {_summary(errors)}.\n"
+        + "".join(
+            f"- **{which} set** ({why}): "
+            f"{summarize([r for r in rows if r.get('set') == which])}.\n"
+            for which, why in SETS
+        )
+        + f"- All cases: {_summary(errors)}.\n\n"
+        + HISTORY
         + "".join(
             f"- {name}: {_summary(errs)}.\n" for name, errs in per_model.items()
         )
@@ -156,7 +212,8 @@ def write_table(rows, models):
     text = (
         "Estimated total against the measured peak of one training step "
         "(CPU allocator via oneDNN, median of 3 steps after a warm-up, above "
-        "the usage before the model was built; Adam; `tfmemopt.Model`, "
+        "the usage before the model was built; Adam, SGD with momentum 0.9 "
+        "in the held-out `sgd_momentum` rows; `tfmemopt.Model`, "
         "micro-batches strictly one at a time; estimated with "
         "`trainer='tfmemopt'` and `min_counted_bytes=CPU_STATS_MIN_BYTES`, "
         "what oneDNN's CPU allocator statistics count: allocations of 256 "
@@ -171,6 +228,7 @@ def write_table(rows, models):
         + "\n"
         + table(
             [
+                "set",
                 "model",
                 "variant",
                 "batch",

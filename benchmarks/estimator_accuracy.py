@@ -34,6 +34,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+from _estimator_heldout import HELDOUT  # noqa: E402
+from _estimator_heldout import VOCAB  # noqa: E402
+from _estimator_heldout import build_heldout  # noqa: E402
+from _estimator_heldout import optimizer_of  # noqa: E402
+from _estimator_table import summarize  # noqa: E402
 from _estimator_table import write_table  # noqa: E402
 
 ROOT = os.path.dirname(HERE)
@@ -57,6 +62,14 @@ MODELS = {
     "efficientnetb0_64": (4, 16, 32),
 }
 VARIANTS = ("base", "accumulation=4", "checkpointing=auto", "mixed_bfloat16")
+# Every model, the design set first; the held-out set (issue #23) is in
+# benchmarks/_estimator_heldout.py, with why each family is held out.
+ALL = list(MODELS) + list(HELDOUT)
+
+
+def set_of(name):
+    """'design' (the rules were designed on it) or 'heldout'."""
+    return "heldout" if name in HELDOUT else "design"
 
 
 def _keras_io_layers():
@@ -152,6 +165,8 @@ def build(name):
     import keras
     from keras import layers
 
+    if name in HELDOUT:
+        return build_heldout(name)
     if name == "mlp":
         x = inp = keras.Input((512,))
         for _ in range(8):
@@ -245,6 +260,8 @@ def build(name):
 
 
 def cases(name, quick):
+    if name in HELDOUT:
+        return HELDOUT[name][:1] if quick else HELDOUT[name]
     batches = MODELS[name]
     out = [("base", b) for b in batches]
     if not quick:
@@ -290,17 +307,8 @@ def run_model(name, cases):
             except Exception as e:  # report, do not stop the benchmark
                 error = f"enable_checkpointing failed: {type(e).__name__}"
         loss = _loss(sparse)
-        model.compile(optimizer="adam", loss=loss)
-        shape = (batch,) + tuple(inp.shape[1:])
-        rng = np.random.default_rng(0)
-        if inp.dtype == "int32":
-            x = rng.integers(0, 20000, size=shape).astype("int32")
-        else:
-            x = rng.random(shape, dtype="float32")
-        if sparse:
-            y = rng.integers(0, 10, size=(batch,)).astype("int32")
-        else:
-            y = rng.random((batch, 10), dtype="float32")
+        model.compile(optimizer=optimizer_of(variant), loss=loss)
+        x, y = _data(name, inp, out, sparse, batch, np)
         peaks = []
         try:
             model.train_on_batch(x, y)
@@ -314,6 +322,8 @@ def run_model(name, cases):
         rows.append(
             {
                 "model": name,
+                "set": set_of(name),
+                "optimizer": type(optimizer_of(variant)).__name__,
                 "variant": variant,
                 "batch": batch,
                 "measured": statistics.median(peaks) if peaks else None,
@@ -326,6 +336,32 @@ def run_model(name, cases):
         )
         del model
     return rows
+
+
+def _data(name, inp, out, sparse, batch, np):
+    """A batch (x, y) for the model's inputs and outputs: integer inputs
+    from the model's vocabulary (a padding mask all ones), sparse labels
+    over the last axis of the output."""
+    import keras
+
+    rng = np.random.default_rng(0)
+    high = VOCAB if name in HELDOUT else 20000
+
+    def one(t):
+        shape = (batch,) + tuple(t.shape[1:])
+        if "int" not in str(t.dtype):
+            return rng.random(shape, dtype="float32")
+        if "padding_mask" in t.name:
+            return np.ones(shape, "int32")
+        return rng.integers(0, high, size=shape).astype("int32")
+
+    x = keras.tree.map_structure(one, inp)
+    if sparse:
+        shape = (batch,) + tuple(out.shape[1:-1])
+        y = rng.integers(0, out.shape[-1], size=shape).astype("int32")
+    else:
+        y = rng.random((batch,) + tuple(out.shape[1:]), dtype="float32")
+    return x, y
 
 
 _SETTINGS = {
@@ -355,7 +391,7 @@ def estimate(name, variant, batch, loss=None):
     keras.utils.set_random_seed(0)
     inp, out, sparse = build(name)
     plain = keras.Model(inp, out)
-    plain.compile(optimizer="adam", loss=loss or _loss(sparse))
+    plain.compile(optimizer=optimizer_of(variant), loss=loss or _loss(sparse))
     t0 = time.perf_counter()
     # Measured: tfmemopt.Model's train step, in every variant.
     # The measurement's view: oneDNN's allocator statistics do not count
@@ -407,27 +443,103 @@ def reestimate(names):
     return out
 
 
+# --ablate RULE (with --reestimate): estimate without one of the rules that
+# model the CPU allocator, to see which set each helps (issue #23).
+# ("none": every rule on, the same summaries to compare with.)
+ABLATIONS = ("none", "chunks", "grappler", "lists")
+
+
+def ablate(rule):
+    """Child process: turn `rule` off in this process's estimator."""
+    from tfmemopt.estimate import _estimate
+    from tfmemopt.estimate import _step_graph
+    from tfmemopt.estimate import _update
+
+    if rule == "none":
+        return
+    if rule == "chunks":  # no whole allocator chunks: requested bytes
+        _update.chunk_overhead = lambda *args: 0
+    elif rule == "grappler":  # no rewrite of large gradient sums
+        _estimate.rewritten_sum_zeros = lambda step, *args: 0
+    elif rule == "lists":  # a TensorList counts whole if it is >= the floor
+        sizes = _step_graph.while_loop_sizes
+
+        def whole(*args):
+            lists, aliases = sizes(*args)
+            lists = {
+                k: (n, dtype, shared, n)
+                for k, (n, dtype, shared, _) in lists.items()
+            }
+            return lists, aliases
+
+        _step_graph.while_loop_sizes = whole
+    else:
+        raise ValueError(f"--ablate takes one of {ABLATIONS}; got {rule!r}")
+
+
+def _flag(name):
+    if name not in sys.argv:
+        return None
+    return sys.argv[sys.argv.index(name) + 1]
+
+
+def _load(path):
+    with open(path) as f:
+        rows = json.load(f)
+    for r in rows:  # rows measured before issue #23 are all design rows
+        r.setdefault("set", set_of(r["model"]))
+        r.setdefault("optimizer", "Adam")
+    return rows
+
+
+def _merge_runs(old, new):
+    """`new` rows with the earlier runs' measurements of the same case:
+    `runs` lists each run's median of 3 steps, `measured` is their median
+    (the peak of one case moves between processes by whole allocator
+    chunks)."""
+    before = {(r["model"], r["variant"], r["batch"]): r for r in old}
+    out = []
+    for r in new:
+        prev = before.get((r["model"], r["variant"], r["batch"]))
+        runs = (prev.get("runs") or [prev["measured"]]) if prev else []
+        runs = [m for m in runs + [r["measured"]] if m]
+        out.append(dict(r, runs=runs, measured=statistics.median(runs)))
+    return out
+
+
 def main():
     quick = "--quick" in sys.argv
     # --reestimate: keep the stored measurements, estimate them again (after
     # a change to the estimator); nothing is trained.
     again = "--reestimate" in sys.argv
+    # --ablate RULE: re-estimate without RULE, print both sets' summaries,
+    # write nothing.
+    rule = _flag("--ablate")
     # --partial: write the table even when some models have no rows yet.
     partial = "--partial" in sys.argv
+    path = os.path.join(HERE, "estimator_accuracy.json")
     if "--table" in sys.argv:  # the table again from the stored rows
-        with open(os.path.join(HERE, "estimator_accuracy.json")) as f:
-            rows = json.load(f)
-        rows.sort(key=lambda r: list(MODELS).index(r["model"]))
-        write_table(rows, MODELS)
+        rows = _load(path)
+        rows.sort(key=lambda r: ALL.index(r["model"]))
+        write_table(rows, ALL)
         return
-    only = [a for a in sys.argv[1:] if not a.startswith("--")]
-    names = only or list(MODELS)
+    only = [a for a in sys.argv[1:] if not a.startswith("--") and a != rule]
+    # --design / --heldout: one set's models only. --again: another run of
+    # the named models, measured = the median over the runs.
+    if "--design" in sys.argv:
+        only = only or list(MODELS)
+    if "--heldout" in sys.argv:
+        only = only or list(HELDOUT)
+    names = only or ALL
     rows = []
     for name in names:
         t0 = time.time()
         got = []
-        for case in [None] if again else cases(name, quick):
-            args = ["--reestimate"] if again else ["--case", *map(str, case)]
+        for case in [None] if again or rule else cases(name, quick):
+            if again or rule:
+                args = ["--reestimate"] + (["--ablate", rule] if rule else [])
+            else:
+                args = ["--case", *map(str, case)]
             proc = subprocess.run(
                 [sys.executable, __file__, "--child", name, *args],
                 capture_output=True,
@@ -448,32 +560,40 @@ def main():
             m = r["measured"]
             err = (r["estimate"] - m) / m if m else float("nan")
             print(
-                f"{name:15s} {r['variant']:20s} B={r['batch']:5d} "
+                f"{name:19s} {r['variant']:20s} B={r['batch']:5d} "
                 f"measured={(m or 0) / MIB:8.1f} MiB "
                 f"estimate={r['estimate'] / MIB:8.1f} MiB "
-                f"error={err:+.0%} {r['error']}",
+                f"error={err:+.1%} {r['error']}",
                 flush=True,
             )
         print(f"  ({time.time() - t0:.0f} s)", flush=True)
+    if rule:
+        for which in ("design", "heldout"):
+            some = [r for r in rows if set_of(r["model"]) == which]
+            print(f"without {rule}, {which}: {summarize(some)}")
+        return
     # Rows of models run earlier are kept, so that models can be run one at
     # a time on a loaded machine; the table is written once all are there.
-    path = os.path.join(HERE, "estimator_accuracy.json")
     if only and os.path.exists(path):
-        with open(path) as f:
-            kept = [r for r in json.load(f) if r["model"] not in names]
+        old = _load(path)
+        if "--again" in sys.argv:  # one more run: the median over runs
+            rows = _merge_runs(old, rows)
+        kept = [r for r in old if r["model"] not in names]
         rows = kept + rows
     with open(path, "w") as f:
         json.dump(rows, f, indent=1)
-    if quick or ({r["model"] for r in rows} != set(MODELS) and not partial):
+    if quick or ({r["model"] for r in rows} != set(ALL) and not partial):
         return
-    rows.sort(key=lambda r: list(MODELS).index(r["model"]))
-    write_table(rows, MODELS)
+    rows.sort(key=lambda r: ALL.index(r["model"]))
+    write_table(rows, ALL)
 
 
 if __name__ == "__main__":
     if "--child" in sys.argv:
         i = sys.argv.index("--child")
         if "--reestimate" in sys.argv:
+            if _flag("--ablate"):
+                ablate(_flag("--ablate"))
             result = reestimate([sys.argv[i + 1]])
         else:
             j = sys.argv.index("--case")
