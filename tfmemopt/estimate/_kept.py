@@ -5,6 +5,19 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+# Ops whose output shares its input's buffer.
+_ALIAS = {
+    "Identity",
+    "IdentityN",
+    "Reshape",
+    "Squeeze",
+    "ExpandDims",
+    "StopGradient",
+    "Snapshot",
+    "EnsureShape",
+    "PreventGradient",
+    "ReadVariableOp",
+}
 # Ops whose outputs are tiny or not device buffers.
 _FREE = {
     "Const",
@@ -29,6 +42,7 @@ def _kept_for_backward(backward_ops, fwd_names, path_of, size_of):
     unknown = []
     for op in backward_ops:
         for t in op.inputs:
+            t = _buffer_of(t)
             if t.op.name not in fwd_names or t.op.type in _FREE:
                 continue
             if t.op.type == "Placeholder":
@@ -45,6 +59,18 @@ def _kept_for_backward(backward_ops, fwd_names, path_of, size_of):
             continue
         saved_by_layer.append((path[1:] if path else (), n))
     return saved_by_layer, unknown
+
+
+def _buffer_of(t):
+    """The tensor whose buffer `t` is: a view (`Reshape`, `ExpandDims`,
+    `Squeeze`, `Identity`, ...) shares its input's. A gradient that reads
+    a view and one that reads its source keep one buffer: Keras's Conv1D
+    and MaxPooling1D run as 2-D ops on an `ExpandDims` of their input, and
+    the 1-D conv net's estimate counted each kept input twice (+56% to
+    +64% against its measured peak)."""
+    while t.op.type in _ALIAS and t.op.inputs and t.op.type != "IdentityN":
+        t = t.op.inputs[0]
+    return t
 
 
 def _units_at(depth, fwd_ops, model_scope, path_of, saved_by_layer, size_of):
