@@ -176,26 +176,105 @@ def trace_step(
     concrete, n_fwd, loss = _traced_step(
         model, batch_size, input_shape, sequence_length
     )
+    ops, n_fwd = _ops_that_run_in(concrete, n_fwd, loss)
+    fwd_names = {op.name for op in ops[:n_fwd]}
+    path_of = _path_function(model)
+    model_scope = _model_scope(model, ops[:n_fwd], path_of)
+    size_of, aliases = _size_function(
+        concrete, model, model_scope, activation_itemsize, min_counted_bytes
+    )
+    saved_by_layer, unknown = _kept_for_backward(
+        ops[n_fwd:], fwd_names, path_of, size_of
+    )
+    segments = {
+        depth: _units_at(
+            depth, ops[:n_fwd], model_scope, path_of, saved_by_layer, size_of
+        )
+        for depth in (1, 2)
+    }
+    outputs = list(concrete.graph.outputs)
+
+    def scratch(op):
+        return _scratch(op, size_of, min_counted_bytes)
+
+    events, alive = [], set()
+    peak = _simulate(
+        ops,
+        outputs,
+        size_of,
+        aliases,
+        scratch,
+        events=None if update is not None else events,
+        at_peak=alive,
+    )
+    updating_peak = None
+    if update is not None:
+        updating_peak = _simulate_updating(
+            model, concrete, ops, size_of, aliases, scratch, update, events
+        )
+
+    def counted(n):
+        return 0 if n < min_counted_bytes else n
+
+    input_sizes = [_nbytes(t) or 0 for t in concrete.graph.inputs]
+    return StepGraph(
+        peak=peak,
+        inputs=sum(counted(n) for n in input_sizes),
+        saved=sum(n for _, n in saved_by_layer),
+        gradients=sum(counted(_nbytes(t) or 0) for t in outputs),
+        saved_by_layer=saved_by_layer,
+        segments=segments,
+        unknown=unknown,
+        sparse_rows=_sparse_rows(concrete),
+        input_sizes=input_sizes,
+        events=events,
+        updating_peak=updating_peak,
+        sums_at_peak=_sums_with_input_in(ops, alive, size_of),
+    )
+
+
+def _ops_that_run_in(concrete, n_fwd: int, loss: str):
+    """The step's ops that run (in graph order), and how many are forward.
+
+    The loss runs too: the train step reports it."""
     all_ops = concrete.graph.get_operations()
-    # The loss runs too: the train step reports it.
     roots = [concrete.graph.get_operation_by_name(loss)]
     run = _ops_that_run(all_ops, concrete.graph.outputs, roots)
     ops = [op for op in all_ops if op.name in run]
-    n_fwd = sum(1 for op in all_ops[:n_fwd] if op.name in run)
-    fwd_names = {op.name for op in ops[:n_fwd]}
+    return ops, sum(1 for op in all_ops[:n_fwd] if op.name in run)
+
+
+def _path_function(model):
+    """op name -> the path of layer names whose scopes it ran in."""
     names = _all_layer_names(model)
-    model_scope = None
 
     def path_of(op_name):
         parts = op_name.split("/")[:-1]
         return tuple(_layer_of(p, names) for p in parts)
 
-    for op in ops[:n_fwd]:
+    return path_of
+
+
+def _model_scope(model, forward_ops, path_of):
+    """The (uniquified) name scope the model's own call ran in, or None."""
+    for op in forward_ops:
         parts = path_of(op.name)
         if parts and parts[0] == model.name:
-            model_scope = op.name.split("/")[0]
-            break
+            return op.name.split("/")[0]
+    return None
 
+
+def _size_function(
+    concrete, model, model_scope, activation_itemsize, min_counted_bytes
+):
+    """`(size_of, aliases)`: tensor -> the bytes it is counted at.
+
+    Under another dtype policy (`activation_itemsize`) the model's floating
+    activations and their gradients are rescaled; the function's outputs
+    (weight gradients) are not. A loop's TensorList is sized from the loop
+    (`while_loop_sizes`); `aliases` maps a loop's pass-through list to its
+    source. Tensors below `min_counted_bytes` count 0.
+    """
     out_names = {t.name for t in concrete.graph.outputs}
     compute = tf.as_dtype(keras.backend.standardize_dtype(model.compute_dtype))
     scopes = (model_scope + "/", "gradient_tape/" + str(model_scope) + "/")
@@ -210,12 +289,14 @@ def trace_step(
             return 1.0
         return activation_itemsize / (dtype or t.dtype).size
 
-    # TensorLists of while loops (recurrent layers): sized from the loop.
-    lists, aliases = while_loop_sizes(all_ops, concrete.graph.as_graph_def())
+    graph = concrete.graph
+    lists, aliases = while_loop_sizes(
+        graph.get_operations(), graph.as_graph_def()
+    )
 
     def size_of(t):
         while t.name in aliases:  # a loop's pass-through list
-            t = concrete.graph.get_tensor_by_name(aliases[t.name])
+            t = graph.get_tensor_by_name(aliases[t.name])
         if t.name in lists:
             # Its elements are allocated one by one: each below the floor
             # is not counted.
@@ -226,79 +307,55 @@ def trace_step(
         n = _nbytes(t, scale)
         return 0 if n is not None and n < min_counted_bytes else n
 
-    def counted(n):
-        return 0 if n < min_counted_bytes else n
+    return size_of, aliases
 
-    saved_by_layer, unknown = _kept_for_backward(
-        ops[n_fwd:], fwd_names, path_of, size_of
-    )
-    segments = {}
-    for depth in (1, 2):
-        segments[depth] = _units_at(
-            depth, ops[:n_fwd], model_scope, path_of, saved_by_layer, size_of
-        )
 
+def _simulate_updating(
+    model, concrete, ops, size_of, aliases, scratch, update, events
+):
+    """The step's peak when each gradient is consumed as soon as it is made.
+
+    The function's outputs are Identity ops at its end: the update reads the
+    gradient they pass on. `update` gives, per trainable variable, the sizes
+    of the temporaries that consume its gradient; `events` are filled from
+    this run."""
+    consumed = {}
+    temps_of = update(model.trainable_variables)
+    for g, temps in zip(concrete.structured_outputs, temps_of):
+        g = getattr(g, "values", g)  # a sparse gradient's rows
+        if g is not None:
+            consumed[_source(g).name] = temps
     outputs = list(concrete.graph.outputs)
-    events = []
-    alive = set()
-    peak = _simulate(
-        ops,
-        outputs,
+    ends = {t.op.name for t in outputs if _source(t).name != t.name}
+    return _simulate(
+        [op for op in ops if op.name not in ends],
+        [_source(t) for t in outputs],
         size_of,
         aliases,
-        lambda op: _scratch(op, size_of, min_counted_bytes),
-        events=None if update is not None else events,
-        at_peak=alive,
+        scratch,
+        events=events,
+        consumed=consumed,
     )
-    sums = [
+
+
+def _sums_with_input_in(ops, alive, size_of) -> list:
+    """Bytes of each sum of 3 or more gradients with an input in `alive`."""
+    return [
         size_of(op.outputs[0]) or 0
         for op in ops
         if op.type == "AddN"
         and len(op.inputs) > 2
         and any(t.name in alive for t in op.inputs)
     ]
-    updating_peak = None
-    if update is not None:
-        # The function's outputs are Identity ops at its end: the update
-        # reads the gradient they pass on.
-        consumed = {}
-        temps_of = update(model.trainable_variables)
-        for g, temps in zip(concrete.structured_outputs, temps_of):
-            g = getattr(g, "values", g)  # a sparse gradient's rows
-            if g is not None:
-                consumed[_source(g).name] = temps
-        ends = {t.op.name for t in outputs if _source(t).name != t.name}
-        updating_peak = _simulate(
-            [op for op in ops if op.name not in ends],
-            [_source(t) for t in outputs],
-            size_of,
-            aliases,
-            lambda op: _scratch(op, size_of, min_counted_bytes),
-            events=events,
-            consumed=consumed,
-        )
-    input_sizes = [_nbytes(t) or 0 for t in concrete.graph.inputs]
-    inputs = sum(counted(n) for n in input_sizes)
-    grads = sum(counted(_nbytes(t, None) or 0) for t in outputs)
-    sparse_rows = {
+
+
+def _sparse_rows(concrete) -> dict:
+    """Variable index -> bytes of its sparse gradient's values and indices."""
+    return {
         i: (_nbytes(g.values) or 0) + (_nbytes(g.indices) or 0)
         for i, g in enumerate(concrete.structured_outputs)
         if isinstance(g, tf.IndexedSlices)
     }
-    return StepGraph(
-        peak=peak,
-        inputs=inputs,
-        saved=sum(n for _, n in saved_by_layer),
-        gradients=grads,
-        saved_by_layer=saved_by_layer,
-        segments=segments,
-        unknown=unknown,
-        sparse_rows=sparse_rows,
-        input_sizes=input_sizes,
-        events=events,
-        updating_peak=updating_peak,
-        sums_at_peak=sums,
-    )
 
 
 def _traced_step(
