@@ -128,6 +128,9 @@ _OTHER_PRIVATE = [
         keras.optimizers.Optimizer,
         "_overwrite_variable_with_gradient",
     ),
+    # Overridden by optimizers/_common (StateOptimizer): a rename would
+    # decay bfloat16 weights twice (in bfloat16, then in float32).
+    ("optimizers/_common", keras.optimizers.Optimizer, "_apply_weight_decay"),
     ("checkpointing/_recompute", keras.Variable, "_value"),
     # Overridden by distribute/_keras_fixes (MultiWorkerFitFixes): a rename
     # would silently skip the multi-worker fix.

@@ -124,15 +124,21 @@ def _advance_nadam(inner):
     )
 
 
-def _local_update(inner, plan, pairs, parts, current, lr):
-    """The inner optimizer's step on this replica's partition (`current`,
+def _local_update(inner, plan, pairs, parts, current, lr, r):
+    """The inner optimizer's step on replica `r`'s partition (`current`,
     flat local pieces of the parameters; `parts`, their gradient pieces):
     the new local pieces."""
-    views = [ParamView(ref, x) for ref, x in zip(plan.refs, current)]
+    views = [
+        ParamView(ref, x, ref.layout.offsets[r])
+        for ref, x in zip(plan.refs, current)
+    ]
+    folds = getattr(inner, "folds_weight_decay", None)
     if isinstance(inner, keras.optimizers.Nadam):
         _advance_nadam(inner)
     if inner.weight_decay is not None:
         for _, i in pairs:
+            if folds is not None and folds(views[i]):
+                continue  # decayed in float32 by its own update
             if _compat.uses_weight_decay(inner, plan.params[i]):
                 view = views[i]
                 # Read per variable, as Keras's _apply_weight_decay does:
@@ -183,7 +189,7 @@ def sharded_apply(opt, grads, variables):
     lr = inner.learning_rate
 
     def update():
-        return _local_update(inner, plan, pairs, parts, current, lr)
+        return _local_update(inner, plan, pairs, parts, current, lr, r)
 
     new = tf.cond(finite, update, lambda: list(current))
     if not isinstance(new, (list, tuple)):

@@ -148,8 +148,12 @@ class ParamView:
 
     overwrite_with_gradient = False
 
-    def __init__(self, ref: ParamRef, value):
+    def __init__(self, ref: ParamRef, value, element_offset: int = 0):
         self._ref = ref
+        # Where this partition starts in the whole flat parameter: a
+        # bfloat16 weight's stochastic rounding draws its bits per element
+        # of the whole parameter, so replicas and shards round alike.
+        self.element_offset = int(element_offset)
         self._unique_id = ref._unique_id
         self.name = ref.name
         self.path = ref.path

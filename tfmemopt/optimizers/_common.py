@@ -9,7 +9,9 @@ import numbers
 import keras
 import tensorflow as tf
 
+from tfmemopt import _compat
 from tfmemopt.distribute._gradients import count_non_finite
+from tfmemopt.optimizers import _low_precision as lp
 
 
 def _int_at_least(name: str, value, minimum: int, expected: str, hint: str):
@@ -201,6 +203,14 @@ def assign_if(variable, value, ok):
     return variable.assign(tf.where(ok, value, variable), read_value=False)
 
 
+class _LowPrecision:
+    """Per model variable: its Kahan compensation buffer or None. A plain
+    object, so neither Keras nor TensorFlow wraps its list."""
+
+    def __init__(self):
+        self.kahan = []
+
+
 class StateOptimizer(keras.optimizers.Optimizer):
     """The steps tfmemopt's optimizers share around their own state.
 
@@ -210,13 +220,26 @@ class StateOptimizer(keras.optimizers.Optimizer):
     runs `_update(gradient, variable, target, index, learning_rate)` (which
     returns its writes) after the previous variable's writes on the same
     device (`self._chain`, an `UpdateChain` the subclass makes).
+
+    The step is made in float32 and written into the weight in one place,
+    `_write_weight`: float32 weights by `assign_sub` (Keras's write), bfloat16
+    ones as `bf16_update` says (`_low_precision.py`), with their weight decay
+    folded into the float32 step (Keras decays them in bfloat16, where
+    `w * wd * lr` is under half an ulp and lost).
     """
+
+    def __init__(self, *args, bf16_update=None, bf16_seed=0, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.bf16_update = lp.check_bf16_update(bf16_update)
+        self.bf16_seed = check_nonnegative_int("bf16_seed", bf16_seed)
+        self._low = _LowPrecision()
 
     def build(self, var_list):
         if self.built:
             return
         for var in var_list:
             check_float_variable(type(self).__name__, var)
+            self._check_low_precision(var)
         super().build(var_list)
         strategy = tf.distribute.get_strategy()
         for var in var_list:
@@ -225,9 +248,120 @@ class StateOptimizer(keras.optimizers.Optimizer):
                 continue
             with colocated(strategy, var):
                 self._add_state(var, state_prefix(var))
+        # After all other state, so that the state's order is unchanged
+        # without Kahan buffers.
+        self._low.kahan = []
+        for var in var_list:
+            kahan = None
+            if not self._overwrite_variable_with_gradient(var) and (
+                lp.mode_for(self.bf16_update, var.dtype) == "kahan"
+            ):
+                with colocated(strategy, var):
+                    kahan = self.add_variable_from_reference(var, "kahan")
+            self._low.kahan.append(kahan)
+
+    def _check_low_precision(self, variable) -> None:
+        dtype = tf.as_dtype(keras.backend.standardize_dtype(variable.dtype))
+        if (
+            dtype == tf.float16
+            and lp.mode_for(self.bf16_update, dtype) == "stochastic"
+        ):
+            name = getattr(variable, "path", None) or variable.name
+            raise TypeError(
+                f"{type(self).__name__} cannot round the float16 variable "
+                f"'{name}' stochastically (bf16_update="
+                f"{self.bf16_update!r}; stochastic rounding is made for "
+                "bfloat16 weights). Pass bf16_update='kahan' (a float16 "
+                "compensation buffer per weight) or 'plain' (round to "
+                "nearest, lossy), or keep float32 weights with the "
+                "'mixed_float16' policy."
+            )
 
     def _add_state(self, variable, prefix) -> None:
         raise NotImplementedError
+
+    def _kahan_variables(self) -> list:
+        return [k for k in self._low.kahan if k is not None]
+
+    # -- the weight write ----------------------------------------------------
+
+    def folds_weight_decay(self, variable) -> bool:
+        """Whether this optimizer applies `variable`'s weight decay inside
+        its float32 step (bfloat16 and float16 weights) instead of Keras's
+        decay in the variable's dtype. `ShardedOptimizer` asks it."""
+        return lp.mode_for(self.bf16_update, variable.dtype) is not None
+
+    def _apply_weight_decay(self, variables):
+        if self.weight_decay is None:
+            return
+        super()._apply_weight_decay(
+            [v for v in variables if not self.folds_weight_decay(v)]
+        )
+
+    def _decay(self, variable, w32):
+        if self.weight_decay is None or not _compat.uses_weight_decay(
+            self, variable
+        ):
+            return None
+        rate = tf.cast(self.learning_rate, tf.float32)
+        return w32 * tf.cast(self.weight_decay, tf.float32) * rate
+
+    def _write_weight(self, variable, target, index, delta, ok=None, rows=None):
+        """Subtracts the float32 `delta` from the weight, where `ok` (a
+        scalar; None when `delta` is already masked), at `rows` (lazy sparse
+        rows, else the whole weight). Returns the writes."""
+        mode = lp.mode_for(self.bf16_update, target.dtype)
+        if mode is None:
+            if ok is None:
+                delta = tf.cast(delta, target.dtype)
+            else:
+                delta = masked_delta(ok, delta, target.dtype)
+            if rows is not None:
+                return [target.scatter_sub(tf.IndexedSlices(delta, rows))]
+            return [target.assign_sub(delta, read_value=False)]
+        w = tf.convert_to_tensor(target)
+        kahan = self._low.kahan[index] if self._low.kahan else None
+        comp = None
+        if kahan is not None:
+            kahan = local(kahan, getattr(target, "device", "") or "")
+            comp = tf.convert_to_tensor(kahan)
+        ids = self._element_ids(variable, tuple(w.shape))
+        if rows is not None:
+            w = tf.gather(w, rows)
+            ids = tf.gather(ids, rows)
+            comp = None if comp is None else tf.gather(comp, rows)
+        delta = tf.cast(delta, tf.float32)
+        if ok is not None:
+            delta = tf.where(ok, delta, tf.zeros([], tf.float32))
+        # As Keras's decay, applied also when the step is skipped.
+        decay = self._decay(variable, tf.cast(w, tf.float32))
+        if decay is not None:
+            delta = delta + decay
+        key = lp.stream_key(self.bf16_seed, self.iterations + 1, index)
+        new, new_comp = lp.new_weight(mode, w, delta, comp, key, ids)
+        if rows is None:
+            writes = [target.assign(new, read_value=False)]
+            if new_comp is not None:
+                writes.append(kahan.assign(new_comp, read_value=False))
+            return writes
+        rows_2d = rows[:, None]
+        writes = [target.scatter_update(tf.IndexedSlices(new, rows))]
+        if new_comp is not None:
+            full = tf.tensor_scatter_nd_update(
+                tf.convert_to_tensor(kahan), rows_2d, new_comp
+            )
+            writes.append(kahan.assign(full, read_value=False))
+        return writes
+
+    @staticmethod
+    def _element_ids(variable, shape):
+        """Each element's index in the whole parameter (a `ShardedOptimizer`
+        partition starts at its `element_offset`), for the rounding bits."""
+        size = 1
+        for d in shape:
+            size *= int(d)
+        start = int(getattr(variable, "element_offset", 0))
+        return tf.reshape(tf.range(start, start + size), shape)
 
     def update_step(self, gradient, variable, learning_rate):
         index = self._get_variable_index(variable)
@@ -241,3 +375,9 @@ class StateOptimizer(keras.optimizers.Optimizer):
 
     def _update(self, gradient, variable, target, index, learning_rate):
         raise NotImplementedError
+
+    def get_config(self):
+        config = super().get_config()
+        config["bf16_update"] = self.bf16_update
+        config["bf16_seed"] = self.bf16_seed
+        return config

@@ -87,6 +87,8 @@ class Adafactor(_common.StateOptimizer):
         loss_scale_factor=None,
         gradient_accumulation_steps=None,
         name=None,
+        bf16_update=None,
+        bf16_seed=0,
         **kwargs,
     ):
         _common.refuse_keras_accumulation(
@@ -104,6 +106,8 @@ class Adafactor(_common.StateOptimizer):
             ema_overwrite_frequency=ema_overwrite_frequency,
             loss_scale_factor=loss_scale_factor,
             gradient_accumulation_steps=None,
+            bf16_update=bf16_update,
+            bf16_seed=bf16_seed,
             **kwargs,
         )
         if beta_1 is not None:
@@ -237,8 +241,7 @@ class Adafactor(_common.StateOptimizer):
             new_first = [(m_var, update)]
         delta = alpha * update
         ok = _common.all_finite([delta] + [v for _, v in new_second])
-        delta = _common.masked_delta(ok, delta, target.dtype)
-        writes = [target.assign_sub(delta, read_value=False)]
+        writes = self._write_weight(variable, target, index, delta, ok)
         for var, value in new_second + new_first:
             writes.append(_common.assign_if(var, value, ok))
         return writes

@@ -118,6 +118,8 @@ class Adam8bit(_common.StateOptimizer):
         loss_scale_factor=None,
         gradient_accumulation_steps=None,
         name=None,
+        bf16_update=None,
+        bf16_seed=0,
         **kwargs,
     ):
         name_ = type(self).__name__
@@ -134,6 +136,8 @@ class Adam8bit(_common.StateOptimizer):
             ema_overwrite_frequency=ema_overwrite_frequency,
             loss_scale_factor=loss_scale_factor,
             gradient_accumulation_steps=None,
+            bf16_update=bf16_update,
+            bf16_seed=bf16_seed,
             **kwargs,
         )
         self.beta_1 = _common.check_open_unit("beta_1", beta_1, True)
@@ -292,9 +296,11 @@ class Adam8bit(_common.StateOptimizer):
         alpha = lr * tf.sqrt(1 - tf.pow(b2, step)) / (1 - tf.pow(b1, step))
         lazy = self.lazy_sparse and isinstance(gradient, tf.IndexedSlices)
         if eight and not lazy:
-            return self._update_8bit(gradient, variable, target, slots, alpha)
+            return self._update_8bit(
+                gradient, variable, target, index, slots, alpha
+            )
         return self._update_whole(
-            gradient, variable, target, slots, eight, alpha, lazy
+            gradient, variable, target, index, slots, eight, alpha, lazy
         )
 
     # Elements per piece of a large 8-bit variable: XLA keeps about 14
@@ -315,7 +321,7 @@ class Adam8bit(_common.StateOptimizer):
             return None
         return piece, size // piece
 
-    def _update_8bit(self, gradient, variable, target, slots, alpha):
+    def _update_8bit(self, gradient, variable, target, index, slots, alpha):
         """The dense 8-bit update: one compiled function, in one piece
         (`compiled_whole`) or a piece at a time in a compiled loop
         (`compiled_pieces`, above `_CHUNK` elements). The weights get one
@@ -339,15 +345,15 @@ class Adam8bit(_common.StateOptimizer):
             [tf.convert_to_tensor(a) for _, a in local],
             alpha,
         )
-        delta = tf.cast(tf.reshape(delta, variable.shape), target.dtype)
-        writes = [target.assign_sub(delta, read_value=False)]
+        delta = tf.reshape(delta, variable.shape)
+        writes = self._write_weight(variable, target, index, delta)
         for (c_var, a_var), c, a in zip(local, codes, absmax):
             writes.append(c_var.assign(c, read_value=False))
             writes.append(a_var.assign(a, read_value=False))
         return writes
 
     def _update_whole(
-        self, gradient, variable, target, slots, eight, alpha, lazy
+        self, gradient, variable, target, index, slots, eight, alpha, lazy
     ):
         """Float32 moments, or lazy sparse rows of 8-bit ones."""
         f32 = tf.float32
@@ -372,11 +378,9 @@ class Adam8bit(_common.StateOptimizer):
                 tf.tensor_scatter_nd_update(s, rows_2d, n)
                 for s, n in zip(state, new)
             ]
-        delta = _common.masked_delta(ok, delta, target.dtype)
-        if lazy:
-            writes = [target.scatter_sub(tf.IndexedSlices(delta, rows))]
-        else:
-            writes = [target.assign_sub(delta, read_value=False)]
+        writes = self._write_weight(
+            variable, target, index, delta, ok, rows if lazy else None
+        )
         for slot, name, value in zip(slots, self._slot_names, new):
             writes += self._write(slot, eight, name == "m", value, ok)
         return writes
@@ -396,8 +400,12 @@ class Adam8bit(_common.StateOptimizer):
     # -- saving --------------------------------------------------------------
 
     def _layout(self) -> np.ndarray:
+        # A fourth entry (1) only with Kahan buffers, so that a state saved
+        # without them keeps its layout.
+        kahan = [1] if self._kahan_variables() else []
         return np.array(
-            [self.block_size, self.min_8bit_size, len(self._slot_names)],
+            [self.block_size, self.min_8bit_size, len(self._slot_names)]
+            + kahan,
             dtype=np.int64,
         )
 
@@ -441,13 +449,16 @@ class Adam8bit(_common.StateOptimizer):
                 stacklevel=3,
             )
             return None
-        return self._relayout(store, int(saved[0]), int(saved[1]))
+        return self._relayout(
+            store, int(saved[0]), int(saved[1]), len(saved) > 3
+        )
 
-    def _relayout(self, store, block_size, min_8bit_size):
-        """A state saved with another block size or min_8bit_size, as whole
-        arrays: each moment decoded with the saved layout, encoded with
-        ours."""
-        base = len(self.variables) - len(self._state_variables())
+    def _relayout(self, store, block_size, min_8bit_size, saved_kahan):
+        """A state saved with another block size, min_8bit_size or Kahan
+        setting, as whole arrays: each moment decoded with the saved layout,
+        encoded with ours; Kahan buffers kept, dropped or started at zero."""
+        kahan = self._kahan_variables()
+        base = len(self.variables) - len(self._state_variables()) - len(kahan)
         values = [np.asarray(store[str(i)]) for i in range(base)]
         k = base
         variables = self._trainable_variables
@@ -478,6 +489,15 @@ class Adam8bit(_common.StateOptimizer):
                 else:
                     value = tf.cast(tf.reshape(value, shape), tf.float32)
                     values.append(value.numpy())
+        for var, buffer in zip(variables, self._low.kahan):
+            if buffer is None:
+                continue
+            if saved_kahan:
+                values.append(np.asarray(store[str(k)]))
+                k += 1
+            else:
+                shape = _common.whole_shape(var)
+                values.append(tf.zeros(shape, buffer.dtype).numpy())
         return values
 
     def get_config(self):
