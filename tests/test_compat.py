@@ -85,6 +85,11 @@ _OTHER_PRIVATE = [
     ("checkpointing, precision/_advice", keras.KerasTensor, "_keras_history"),
     ("accumulation/_loss_normalization", keras.Model, "_compile_loss"),
     ("checkpointing/_apply", keras.layers.Layer, "_inbound_nodes"),
+    (
+        "longseq/_takeover",
+        keras.layers.MultiHeadAttention,
+        "_compute_attention",
+    ),
     ("checkpointing/_apply", keras.layers.Layer, "_outbound_nodes"),
     ("checkpointing/_apply", keras.layers.Layer, "_get_call_context"),
     ("estimate/_input_specs", keras.Model, "_build_shapes_dict"),
@@ -153,6 +158,9 @@ def _instance_attributes():
         _CompileLoss: model._compile_loss,
         _Masked: keras.layers.Masking()(tf.ones((2, 3, 1))),
         keras.optimizers.Optimizer: keras.optimizers.SGD(),
+        keras.layers.MultiHeadAttention: keras.layers.MultiHeadAttention(
+            num_heads=2, key_dim=2
+        ),
         keras.optimizers.LossScaleOptimizer: (
             keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD())
         ),

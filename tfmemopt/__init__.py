@@ -16,6 +16,7 @@ from tfmemopt import callbacks
 from tfmemopt import checkpointing
 from tfmemopt import distribute
 from tfmemopt import estimate
+from tfmemopt import longseq
 from tfmemopt import memory
 from tfmemopt import optimizers
 from tfmemopt import precision
@@ -68,6 +69,8 @@ __all__ = [
     "check_precision",
     "check_alignment",
     "pad_to_multiple",
+    # long sequences: chunked loss and attention
+    "longseq",
     # distribution
     "distribute",
     "ShardedOptimizer",

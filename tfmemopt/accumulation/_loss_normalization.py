@@ -25,6 +25,8 @@ import keras
 import tensorflow as tf
 from keras import ops
 
+from tfmemopt.longseq._takeover import head_of
+
 _MEAN_REDUCTIONS = ("sum_over_batch_size", "mean", "mean_with_sample_weight")
 
 
@@ -86,20 +88,26 @@ def evaluate_term(loss_fn, y_true, y_pred, sample_weight):
     weights; `S` is the sum of `values * weights`; `D` is what Keras would
     divide by for this micro-batch alone.
     """
-    if not isinstance(loss_fn, keras.losses.Loss):
+    head = head_of(y_pred)  # chunked_loss: the head's input, not logits
+    if head is None and not isinstance(loss_fn, keras.losses.Loss):
         raise UnsupportedLoss(f"not a keras.losses.Loss: {loss_fn!r}")
+    if head is not None:
+        head.check_loss(loss_fn)
     reduction = loss_fn.reduction
     if reduction not in _MEAN_REDUCTIONS + ("sum",):
         raise UnsupportedLoss(f"reduction={reduction!r}")
     dtype = loss_fn.dtype
     in_mask = _get_mask(y_pred)
-    y_pred = keras.tree.map_structure(
-        lambda t: ops.convert_to_tensor(t, dtype=dtype), y_pred
-    )
-    y_true = keras.tree.map_structure(
-        lambda t: ops.convert_to_tensor(t, dtype=dtype), y_true
-    )
-    values = loss_fn.call(y_true, y_pred)
+    if head is not None:
+        values = head.token_losses(loss_fn, y_true)
+    else:
+        y_pred = keras.tree.map_structure(
+            lambda t: ops.convert_to_tensor(t, dtype=dtype), y_pred
+        )
+        y_true = keras.tree.map_structure(
+            lambda t: ops.convert_to_tensor(t, dtype=dtype), y_true
+        )
+        values = loss_fn.call(y_true, y_pred)
     out_mask = _get_mask(values)
     if in_mask is not None and out_mask is not None:
         mask = ops.logical_and(in_mask, out_mask)
@@ -254,6 +262,16 @@ def micro_batch_losses(
             terms = compiled_terms(model, y, y_pred, sw)
         except UnsupportedLoss:
             generic = True
+    if generic and head_of(y_pred) is not None:
+        raise ValueError(
+            "chunked_loss=True computes the compiled loss in chunks, but "
+            "this loss cannot be split into per-token values (a custom "
+            "`compute_loss`, a loss with reduction=None, or targets that do "
+            "not match the outputs), so the full logits would be needed. "
+            "Compile with keras.losses.SparseCategoricalCrossentropy("
+            "from_logits=True), or construct the model without "
+            "chunked_loss."
+        )
     if generic:
         # A custom `compute_loss`: weighted by micro-batch size (exact for
         # per-sample means). Keras's value already carries 1/replicas.

@@ -23,6 +23,7 @@ from tfmemopt.accumulation import _window
 from tfmemopt.accumulation._micro_batching import plan_micro_batches
 from tfmemopt.accumulation._micro_batching import static_batch_size
 from tfmemopt.distribute import _hooks as _dist
+from tfmemopt.longseq import _takeover as longseq
 
 _SEED_KEY = "seed_"
 _CONFIG_KEYS = ("accumulation_steps", "micro_batch_size", "checkpointing")
@@ -101,6 +102,16 @@ class Model(_dist.FitFixes, keras.Model):
             name or the list as layer names; a predicate is code and is not
             saved: `get_config` warns, and a loaded model has no
             checkpointing until `enable_checkpointing` is called again.
+        chunked_loss: Bool, defaults to `False`. Compute the language-model
+            head (a linear `Dense`, or a `ReversibleEmbedding` called with
+            `reverse=True`) and `SparseCategoricalCrossentropy(from_logits=
+            True)` together in chunks of tokens in the training step, never
+            holding all logits (`tfmemopt.longseq`). Predict and evaluate
+            still return full logits.
+        attention: `None` (default) or `"chunked"`: every
+            `MultiHeadAttention` (and keras-hub subclass) computes exact
+            attention in query blocks, recomputed in the backward pass
+            (attention dropout must be 0).
         *args, **kwargs: As for `keras.Model` (`inputs`, `outputs`, `name`).
 
     Example:
@@ -129,8 +140,11 @@ class Model(_dist.FitFixes, keras.Model):
         accumulation_steps: int | None = None,
         micro_batch_size: int | None = None,
         checkpointing=None,
+        chunked_loss: bool = False,
+        attention: str | None = None,
         **kwargs,
     ):
+        longseq.check_options(chunked_loss, attention)
         if accumulation_steps is not None and micro_batch_size is not None:
             raise ValueError(
                 "Pass either `accumulation_steps` or `micro_batch_size`, not "
@@ -153,6 +167,9 @@ class Model(_dist.FitFixes, keras.Model):
         self._micro_batch_size = micro_batch_size
         self._checkpointing_policy = checkpointing
         self._checkpointing_report = None
+        self._long_sequences = (chunked_loss, attention)
+        if self.built:
+            self._ensure_long_sequences()
         if checkpointing is not None and self.built:
             self._ensure_checkpointing()
 
@@ -171,6 +188,14 @@ class Model(_dist.FitFixes, keras.Model):
         """The checkpointing policy passed at construction, or `None`."""
         return self._checkpointing_policy
 
+    @property
+    def long_sequences(self):
+        """What `chunked_loss` / `attention` took over (`LongSequenceReport`).
+
+        `None` when both are off or the model is not built yet.
+        """
+        return longseq.report_of(self)
+
     @classmethod
     def wrap(
         cls,
@@ -179,6 +204,8 @@ class Model(_dist.FitFixes, keras.Model):
         micro_batch_size: int | None = None,
         checkpointing=None,
         name: str | None = None,
+        chunked_loss: bool = False,
+        attention: str | None = None,
     ) -> "Model":
         """Wraps any built Keras model (functional, subclassed, keras-hub).
 
@@ -192,6 +219,8 @@ class Model(_dist.FitFixes, keras.Model):
             micro_batch_size: Int or `None`, as for `tfmemopt.Model`.
             checkpointing: As for `tfmemopt.Model`.
             name: String or `None`, the wrapper's name.
+            chunked_loss: Bool, as for `tfmemopt.Model`.
+            attention: `None` or `"chunked"`, as for `tfmemopt.Model`.
 
         Returns:
             A `tfmemopt.Model` to compile and fit.
@@ -213,6 +242,8 @@ class Model(_dist.FitFixes, keras.Model):
             micro_batch_size=micro_batch_size,
             checkpointing=checkpointing,
             name=name,
+            chunked_loss=chunked_loss,
+            attention=attention,
         )
 
     def compile(self, *args, **kwargs):
@@ -256,6 +287,17 @@ class Model(_dist.FitFixes, keras.Model):
             self._checkpointing_target(), self._checkpointing_policy
         )
 
+    def _ensure_long_sequences(self):
+        """Applies `chunked_loss` / `attention` once the model is built."""
+        chunked_loss, attention = self._long_sequences
+        if (chunked_loss or attention) and longseq.report_of(self) is None:
+            longseq.enable_long_sequences(
+                self._checkpointing_target(),
+                chunked_loss=chunked_loss,
+                attention=attention,
+                owner=self,
+            )
+
     def _checkpointing_target(self) -> keras.Model:
         """The model whose forward pass `checkpointing` reorganises."""
         return self
@@ -287,6 +329,9 @@ class Model(_dist.FitFixes, keras.Model):
 
     def fit(self, *args, **kwargs):
         self._check_own_train_step()
+        if self.built:
+            self._ensure_long_sequences()
+        longseq.check_compiled(self, self._long_sequences[0])
         if self._checkpointing_policy is not None and self.built:
             self._ensure_checkpointing()
         # The OOM report (tfmemopt.tuning) registers here: see _fit_hooks.
@@ -346,6 +391,8 @@ class Model(_dist.FitFixes, keras.Model):
         config = super().get_config()
         config.update(
             {
+                "chunked_loss": self._long_sequences[0],
+                "attention": self._long_sequences[1],
                 "accumulation_steps": self._accumulation_steps,
                 "micro_batch_size": self._micro_batch_size,
                 "checkpointing": _serializable_policy(
@@ -358,16 +405,25 @@ class Model(_dist.FitFixes, keras.Model):
     @classmethod
     def from_config(cls, config, custom_objects=None):
         config = dict(config)
+        chunked_loss = bool(config.pop("chunked_loss", False))
+        attention = config.pop("attention", None)
         settings = {k: config.pop(k, None) for k in _CONFIG_KEYS}
         if "layers" in config and "input_layers" in config:
             model = super().from_config(config, custom_objects=custom_objects)
             model._accumulation_steps = settings["accumulation_steps"]
             model._micro_batch_size = settings["micro_batch_size"]
             model._checkpointing_policy = settings["checkpointing"]
+            model._long_sequences = (chunked_loss, attention)
+            model._ensure_long_sequences()
             if settings["checkpointing"] is not None:
                 model._ensure_checkpointing()
             return model
-        return cls(**config, **settings)
+        return cls(
+            **config,
+            **settings,
+            chunked_loss=chunked_loss,
+            attention=attention,
+        )
 
 
 _FUNCTIONAL_VARIANTS = {}

@@ -18,6 +18,7 @@ from tfmemopt.accumulation import _loss_normalization as ln
 from tfmemopt.accumulation._micro_batching import slice_batch
 from tfmemopt.accumulation._sparse_rows import reads_batch
 from tfmemopt.distribute import _hooks as _dist
+from tfmemopt.longseq._takeover import training_forward
 
 # What the first trace of a micro-step revealed (static structure):
 # `dynamic` holds the indices of the masked loss terms.
@@ -25,9 +26,14 @@ _Spec = collections.namedtuple("_Spec", "dynamic has_static generic")
 
 
 def _call(model, x):
-    if getattr(model, "_call_has_training_arg", True):
-        return model(x, training=True)
-    return model(x)
+    # With `chunked_loss`, the head marks its output so that the loss is
+    # computed in chunks from its input (tfmemopt.longseq).
+    with training_forward(model) as forward:
+        if getattr(model, "_call_has_training_arg", True):
+            y_pred = model(x, training=True)
+        else:
+            y_pred = model(x)
+    return forward.checked(y_pred)
 
 
 def _after(acc, value):

@@ -18,8 +18,8 @@ class WrappedModel(Model):
 
     Args:
         model: The `keras.Model` (or layer) to call.
-        accumulation_steps, micro_batch_size, checkpointing: As for
-            `tfmemopt.Model`.
+        accumulation_steps, micro_batch_size, checkpointing, chunked_loss,
+            attention: As for `tfmemopt.Model`.
         **kwargs: `name` and other `keras.Model` keyword arguments.
     """
 
@@ -28,6 +28,7 @@ class WrappedModel(Model):
         self.model = model
         if getattr(model, "built", False):
             self.built = True
+            self._ensure_long_sequences()
             if self._checkpointing_policy is not None:
                 self._ensure_checkpointing()
 

@@ -1,0 +1,146 @@
+"""chunked_loss=True: the head and the cross-entropy in chunks of tokens.
+
+Exactness is judged against the float32 floor measured in the same test:
+plain Keras on the same batch in another order.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfmemopt
+from tfmemopt.longseq import linear_cross_entropy
+
+V, T, D, B = 53, 9, 16, 6
+
+
+def _diff(a, b):
+    return max(float(np.abs(p - q).max()) for p, q in zip(a, b))
+
+
+def _weights(model):
+    return [v.numpy() for v in model.trainable_variables]
+
+
+@pytest.mark.parametrize("transpose", [False, True])
+def test_linear_cross_entropy_equals_materialised_logits(transpose):
+    rng = np.random.default_rng(0)
+    h = tf.constant(rng.normal(size=(3, 7, D)), tf.float32)
+    w = tf.Variable(rng.normal(size=(V, D) if transpose else (D, V)) * 0.3)
+    w = tf.Variable(tf.cast(w, tf.float32))
+    b = tf.Variable(rng.normal(size=(V,)), dtype=tf.float32)
+    y = tf.constant(rng.integers(0, V, size=(3, 7)))
+    up = tf.constant(rng.normal(size=(3, 7)), tf.float32)
+
+    # 4 and 5 rows per chunk: 21 tokens, a chunk that divides and one not.
+    for rows in (4, 5):
+        with tf.GradientTape() as tape:
+            tape.watch(h)
+            chunked = linear_cross_entropy(
+                h,
+                tf.convert_to_tensor(w),
+                y,
+                b,
+                transpose_kernel=transpose,
+                chunk_elements=V * rows,
+            )
+            s = tf.reduce_sum(chunked * up)
+        got = tape.gradient(s, [h, w, b])
+        with tf.GradientTape() as tape:
+            tape.watch(h)
+            kernel = tf.transpose(w) if transpose else w
+            logits = tf.matmul(h, kernel) + b
+            plain = keras.losses.sparse_categorical_crossentropy(
+                y, logits, from_logits=True
+            )
+            s = tf.reduce_sum(plain * up)
+        want = tape.gradient(s, [h, w, b])
+        np.testing.assert_allclose(chunked, plain, atol=4e-6)
+        assert _diff(got, want) < 4e-6
+
+
+def _functional():
+    keras.utils.set_random_seed(1)
+    inputs = keras.Input((T,), dtype="int32")
+    h = keras.layers.Embedding(V, D, mask_zero=True)(inputs)
+    h = keras.layers.Dense(D, activation="tanh")(h)
+    outputs = keras.layers.Dense(V, name="head")(h)
+    return keras.Model(inputs, outputs)
+
+
+def _data():
+    rng = np.random.default_rng(0)
+    x = rng.integers(1, V, size=(B, T))
+    x[:, -2:] = 0  # padding: the Embedding's mask reaches the loss
+    y = rng.integers(0, V, size=(B, T))
+    y[0, :3] = 7  # ignore_class
+    sw = rng.uniform(0.2, 3.0, size=(B, T)).astype("float32")
+    return x, y, sw
+
+
+def _one_update(model, x, y, sw, loss):
+    model.compile(keras.optimizers.SGD(0.5), loss)
+    logged = model.train_on_batch(x, y, sample_weight=sw, return_dict=True)
+    return logged["loss"], _weights(model)
+
+
+def test_dense_head_update_equals_keras_within_the_floor():
+    x, y, sw = _data()
+    loss = keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True, ignore_class=7
+    )
+    plain = _functional()
+    before = _weights(plain)
+    want_loss, want = _one_update(plain, x, y, sw, loss)
+    perm = np.array([3, 1, 2, 0, 5, 4])
+    _, permuted = _one_update(_functional(), x[perm], y[perm], sw[perm], loss)
+    floor = _diff(want, permuted)
+    update = _diff(want, before)
+
+    model = tfmemopt.Model.wrap(
+        _functional(), chunked_loss=True, accumulation_steps=2
+    )
+    model.long_sequences.chunk_elements = V * 4  # 6 tokens: several chunks
+    got_loss, got = _one_update(model, x, y, sw, loss)
+    assert model.long_sequences.head == "head"
+    assert update > 1e-3
+    assert _diff(want, got) <= max(4 * floor, 2**-20 * update)
+    assert abs(got_loss - want_loss) <= 2e-6 * abs(want_loss)
+    # predict still gives the full logits, equal to the plain model's.
+    np.testing.assert_allclose(
+        model.predict(x, verbose=0), plain.predict(x, verbose=0), atol=1e-5
+    )
+    # The loss compiled by the user is kept as written.
+    assert model.loss is loss
+
+
+def test_refuses_what_it_cannot_make_exact():
+    x, y, sw = _data()
+    model = tfmemopt.Model.wrap(_functional(), chunked_loss=True)
+    model.compile("sgd", "sparse_categorical_crossentropy")  # probabilities
+    with pytest.raises(ValueError, match="from_logits=True"):
+        model.train_on_batch(x, y)
+    model = tfmemopt.Model.wrap(_functional(), chunked_loss=True)
+    model.compile(
+        "sgd",
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+    with pytest.raises(ValueError, match="Compile without metrics"):
+        model.fit(x, y, verbose=0)
+    inputs = keras.Input((T,), dtype="int32")
+    h = keras.layers.Embedding(V, D)(inputs)
+    outputs = keras.layers.Dense(V, activation="softmax")(h)
+    model = tfmemopt.Model.wrap(keras.Model(inputs, outputs), chunked_loss=True)
+    model.compile(
+        "sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    )
+    with pytest.raises(ValueError, match="activation=None"):
+        model.train_on_batch(x, y)
+    with pytest.raises(ValueError, match="attention"):
+        tfmemopt.Model.wrap(_functional(), attention="flash")
+    with pytest.raises(TypeError, match="chunked_loss"):
+        tfmemopt.Model.wrap(_functional(), chunked_loss="yes")

@@ -1,0 +1,171 @@
+"""A linear projection and sparse cross-entropy, chunked over tokens.
+
+The language-model head computes `tokens x vocabulary` logits; Keras keeps
+them as `y_pred`, plus the softmax and the logits' gradient: three to four
+copies of the largest tensor of the step. Here the projection and the loss
+are one function with a custom gradient: the forward pass keeps only each
+token's log-sum-exp, and the backward pass recomputes one chunk of logits
+at a time, turns it into that chunk's gradient and drops it. Autodiff
+through a plain loop would keep every chunk's logits; the custom gradient
+is what makes the saving real (the pattern of Liger Kernel's fused linear
+cross-entropy and of Cut Cross-Entropy, Wijmans et al. 2024).
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+# Logits elements (tokens x vocabulary) per chunk: 4 Mi floats is 16 MiB a
+# copy. Chunks are sized in elements, not tokens: a fixed token count is
+# either too small for a small vocabulary (slow) or too large for a big one.
+DEFAULT_CHUNK_ELEMENTS = 1 << 22
+
+
+def chunk_rows(vocabulary: int, chunk_elements: int) -> int:
+    """Tokens per chunk for `chunk_elements` logits (at least one)."""
+    return max(1, int(chunk_elements) // max(1, int(vocabulary)))
+
+
+def linear_cross_entropy(
+    hidden,
+    kernel,
+    labels,
+    bias=None,
+    *,
+    transpose_kernel: bool = False,
+    chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+    compute_dtype=None,
+):
+    """Per-token `logsumexp(h @ W + b) - (h @ W + b)[label]`, in chunks.
+
+    Equal, within float32 rounding, to Keras's
+    `sparse_categorical_crossentropy(labels, h @ W + b, from_logits=True)`
+    and to its gradient, without ever holding more than one chunk of
+    logits. Masks, sample weights and reductions apply to the returned
+    per-token values as Keras applies them to its own.
+
+    Args:
+        hidden: Float tensor `(..., D)`, the head's input.
+        kernel: Float tensor `(D, V)`, or `(V, D)` with `transpose_kernel`
+            (a tied embedding matrix). Pass a variable's value, not the
+            variable: the custom gradient returns a tensor for it.
+        labels: Integer tensor of shape `hidden.shape[:-1]`, in `[0, V)`.
+        bias: Float tensor `(V,)` or `None`.
+        transpose_kernel: Bool, defaults to `False`. `kernel` is `(V, D)`.
+        chunk_elements: Int, logits elements (tokens x V) per chunk.
+        compute_dtype: The dtype of the matmul (the layer's compute dtype,
+            `"float16"` under mixed precision); logits are then cast to
+            float32 for the softmax. Defaults to `hidden.dtype`.
+
+    Returns:
+        Float32 tensor of shape `hidden.shape[:-1]`.
+    """
+    dtype = tf.as_dtype(compute_dtype or hidden.dtype)
+    lead_shape = tf.shape(hidden)[:-1]
+    static_lead = hidden.shape[:-1]
+    depth = hidden.shape[-1]
+    h = tf.reshape(tf.cast(hidden, dtype), [-1, depth])
+    w = tf.cast(kernel, dtype)
+    vocab = int(w.shape[0] if transpose_kernel else w.shape[1])
+    b = tf.zeros((vocab,), dtype) if bias is None else tf.cast(bias, dtype)
+    y = tf.reshape(tf.cast(labels, tf.int32), [-1])
+    rows = chunk_rows(vocab, chunk_elements)
+    losses = _chunked(h, w, b, y, rows, transpose_kernel, bias is not None)
+    out = tf.reshape(losses, lead_shape)
+    out.set_shape(static_lead)
+    return out
+
+
+def _logits(h_c, w, b, transpose, with_bias):
+    logits = tf.matmul(h_c, w, transpose_b=transpose)
+    if with_bias:
+        logits = logits + b
+    return tf.cast(logits, tf.float32)
+
+
+def _chunked(h, w, b, y, rows, transpose, with_bias):
+    @tf.custom_gradient
+    def forward(h, w, b):
+        n = tf.shape(h)[0]
+        chunks = (n + rows - 1) // rows
+
+        def body(i, lse_ta, tgt_ta):
+            start = i * rows
+            h_c = h[start : start + rows]
+            y_c = y[start : start + rows]
+            logits = _logits(h_c, w, b, transpose, with_bias)
+            lse_ta = lse_ta.write(i, tf.reduce_logsumexp(logits, axis=-1))
+            tgt_ta = tgt_ta.write(
+                i, tf.gather(logits, y_c, axis=1, batch_dims=1)
+            )
+            return i + 1, lse_ta, tgt_ta
+
+        def array():
+            return tf.TensorArray(
+                tf.float32,
+                size=chunks,
+                element_shape=tf.TensorShape([None]),
+                infer_shape=False,
+            )
+
+        _, lse_ta, tgt_ta = tf.while_loop(
+            lambda i, *_: i < chunks,
+            body,
+            [tf.constant(0), array(), array()],
+            parallel_iterations=1,
+        )
+        lse = lse_ta.concat()
+        loss = lse - tgt_ta.concat()
+
+        def grad(upstream):
+            upstream = tf.cast(upstream, tf.float32)
+
+            def gbody(i, dh_ta, dw, db):
+                start = i * rows
+                h_c = h[start : start + rows]
+                y_c = y[start : start + rows]
+                logits = _logits(h_c, w, b, transpose, with_bias)
+                p = tf.exp(logits - lse[start : start + rows, None])
+                p = p - tf.one_hot(y_c, tf.shape(p)[1], dtype=tf.float32)
+                d = p * upstream[start : start + rows, None]
+                d_c = tf.cast(d, w.dtype)
+                dh_ta = dh_ta.write(
+                    i, tf.matmul(d_c, w, transpose_b=not transpose)
+                )
+                if transpose:
+                    dw_c = tf.matmul(d_c, h_c, transpose_a=True)
+                else:
+                    dw_c = tf.matmul(h_c, d_c, transpose_a=True)
+                dw = dw + tf.cast(dw_c, tf.float32)
+                db = db + tf.reduce_sum(d, axis=0)
+                return i + 1, dh_ta, dw, db
+
+            dh_ta = tf.TensorArray(
+                h.dtype,
+                size=chunks,
+                element_shape=tf.TensorShape([None, h.shape[-1]]),
+                infer_shape=False,
+            )
+            _, dh_ta, dw, db = tf.while_loop(
+                lambda i, *_: i < chunks,
+                gbody,
+                [
+                    tf.constant(0),
+                    dh_ta,
+                    tf.zeros(w.shape, tf.float32),
+                    tf.zeros(b.shape, tf.float32),
+                ],
+                shape_invariants=[
+                    tf.TensorShape([]),
+                    tf.TensorShape(None),
+                    w.shape,
+                    b.shape,
+                ],
+                parallel_iterations=1,
+            )
+            dh = tf.reshape(dh_ta.concat(), tf.shape(h))
+            return dh, tf.cast(dw, w.dtype), tf.cast(db, b.dtype)
+
+        return loss, grad
+
+    return forward(h, w, b)

@@ -1,0 +1,467 @@
+"""Taking over the language-model head and the attention of a built model.
+
+Nothing in the user's model is edited: the candidate heads (`Dense`, and
+`ReversibleEmbedding` called with `reverse=True`) get an instance-level
+`call` that, only inside `training_forward(owner)`, marks its output with
+the head's input and weights. The training loss (`head_of`, read by
+tfmemopt's window-exact losses) then computes the per-token cross-entropy
+from those with `linear_cross_entropy`, so the full logits the layer also
+returned have no consumer in the training graph and are never computed.
+`predict`, `evaluate` and every call outside training are untouched.
+
+Attention layers (`keras.layers.MultiHeadAttention` and its subclasses,
+such as keras-hub's `CachedMultiHeadAttention`) get an instance-level
+`_compute_attention` that runs `dot_product_attention` in query blocks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+
+import keras
+import tensorflow as tf
+
+from tfmemopt._compat import sublayers
+from tfmemopt.longseq._attention import DEFAULT_BLOCK_ELEMENTS
+from tfmemopt.longseq._attention import dot_product_attention
+from tfmemopt.longseq._linear_cross_entropy import DEFAULT_CHUNK_ELEMENTS
+from tfmemopt.longseq._linear_cross_entropy import linear_cross_entropy
+
+_STATE = "_tfmemopt_long_sequences"
+_TAG = "_tfmemopt_head_call"
+_local = threading.local()
+ATTENTION_CHOICES = (None, "chunked")
+
+
+@dataclasses.dataclass
+class LongSequenceReport:
+    """What `enable_long_sequences` took over on a model.
+
+    Attributes:
+        chunked_loss: Bool, whether the head and loss are chunked.
+        chunk_elements: Int, logits elements (tokens x vocabulary) per chunk.
+        head: Path of the layer whose output the training loss was computed
+            from, known after the first training step (`None` before).
+        head_candidates: Paths of the layers that may be the head.
+        attention: `None` or `"chunked"`.
+        attention_layers: Paths of the attention layers taken over.
+        block_elements: Int, attention scores per query block.
+    """
+
+    chunked_loss: bool
+    chunk_elements: int
+    head: str | None = None
+    head_candidates: list = dataclasses.field(default_factory=list)
+    attention: str | None = None
+    attention_layers: list = dataclasses.field(default_factory=list)
+    block_elements: int = DEFAULT_BLOCK_ELEMENTS
+
+    def __str__(self) -> str:
+        lines = ["Long sequences (tfmemopt):"]
+        if self.chunked_loss:
+            head = self.head or "decided at the first training step"
+            lines.append(
+                f"  chunked loss: head {head}; {self.chunk_elements} logits "
+                f"per chunk; candidates: {', '.join(self.head_candidates)}"
+            )
+        else:
+            lines.append("  chunked loss: off")
+        if self.attention:
+            lines.append(
+                f"  attention {self.attention!r} ({self.block_elements} "
+                f"scores per block): {', '.join(self.attention_layers)}"
+            )
+        else:
+            lines.append("  attention: unchanged")
+        return "\n".join(lines)
+
+
+class _State:
+    """Per owner model; a plain object so Keras's saving never walks it."""
+
+    __slots__ = ("report", "patched")
+
+    def __init__(self, report):
+        self.report = report
+        self.patched = []
+
+
+def _path(layer) -> str:
+    return getattr(layer, "path", None) or layer.name
+
+
+def _is_reversible_embedding(layer) -> bool:
+    return isinstance(layer, keras.layers.ReversibleEmbedding)
+
+
+def _why_not_head(layer) -> str | None:
+    """Why this candidate's logits cannot be chunked exactly, or None."""
+    if getattr(layer, "quantization_mode", None):
+        return (
+            f"it is quantized ({layer.quantization_mode}); chunk the loss "
+            "of the float model, or train without chunked_loss"
+        )
+    if getattr(layer, "lora_enabled", False):
+        return (
+            "it has LoRA enabled; train without chunked_loss, or without "
+            "LoRA on the head"
+        )
+    if _is_reversible_embedding(layer):
+        if layer.logit_soft_cap is not None:
+            return (
+                f"it soft-caps its logits (logit_soft_cap="
+                f"{layer.logit_soft_cap}), which the chunked loss does not "
+                "compute; train without chunked_loss"
+            )
+        return None
+    activation = getattr(layer.activation, "__name__", str(layer.activation))
+    if activation != "linear":
+        return (
+            f"its activation is {activation!r}, not linear; build the head "
+            "with activation=None and a loss with from_logits=True"
+        )
+    return None
+
+
+def _head_candidates(model) -> list:
+    return [
+        layer
+        for layer in sublayers(model)
+        if isinstance(layer, keras.layers.Dense)
+        or _is_reversible_embedding(layer)
+    ]
+
+
+class _HeadCall:
+    """A head's call inside a training forward pass: input and layer."""
+
+    def __init__(self, state, layer, inputs):
+        self.state, self.layer, self.inputs = state, layer, inputs
+
+    def check_loss(self, loss_fn) -> dict:
+        """The loss's config; raises unless the chunked loss is exact."""
+        layer = self.layer
+        reason = _why_not_head(layer)
+        if reason:
+            raise ValueError(
+                f"chunked_loss=True cannot compute the loss of the head "
+                f"{_path(layer)!r} exactly: {reason}."
+            )
+        config = (
+            loss_fn.get_config()
+            if isinstance(loss_fn, keras.losses.SparseCategoricalCrossentropy)
+            else {}
+        )
+        if not config.get("from_logits") or config.get("axis", -1) != -1:
+            raise ValueError(
+                "chunked_loss=True computes "
+                "keras.losses.SparseCategoricalCrossentropy(from_logits=True) "
+                f"only. Received: loss={loss_fn!r} with config {config}. "
+                "Compile with loss=keras.losses.SparseCategoricalCrossentropy"
+                "(from_logits=True) (the head must output logits), or "
+                "construct the model without chunked_loss."
+            )
+        return config
+
+    def token_losses(self, loss_fn, y_true):
+        """Keras's per-token `loss_fn.call(y_true, logits)`, chunked."""
+        layer, report = self.layer, self.state.report
+        config = self.check_loss(loss_fn)
+        report.head = _path(layer)
+        hidden = self.inputs
+        labels = tf.convert_to_tensor(y_true)
+        if labels.shape.rank == hidden.shape.rank and labels.shape[-1] == 1:
+            labels = tf.squeeze(labels, -1)
+        labels = tf.cast(labels, tf.int32)
+        ignore = config.get("ignore_class")
+        valid = None
+        if ignore is not None:
+            valid = tf.not_equal(labels, ignore)
+            labels = tf.where(valid, labels, 0)
+        kernel, bias, transpose, dtype = self._weights()
+        values = linear_cross_entropy(
+            hidden,
+            kernel,
+            labels,
+            bias,
+            transpose_kernel=transpose,
+            chunk_elements=report.chunk_elements,
+            compute_dtype=dtype,
+        )
+        if valid is not None:
+            values = tf.where(valid, values, 0.0)
+            values._keras_mask = valid
+        return values
+
+    def _weights(self):
+        layer = self.layer
+        if _is_reversible_embedding(layer):
+            dtype = layer.reverse_dtype or layer.compute_dtype
+            if layer.tie_weights:
+                kernel = tf.convert_to_tensor(layer.embeddings)
+                return kernel, None, True, dtype
+            kernel = tf.convert_to_tensor(layer.reverse_embeddings)
+            return kernel, None, False, dtype
+        bias = tf.convert_to_tensor(layer.bias) if layer.use_bias else None
+        kernel = tf.convert_to_tensor(layer.kernel)
+        return kernel, bias, False, layer.compute_dtype
+
+
+def head_of(y_pred):
+    """The `_HeadCall` that produced `y_pred` in a training pass, or None."""
+    if isinstance(y_pred, (list, tuple, dict)):
+        return None
+    return getattr(y_pred, _TAG, None)
+
+
+class _Forward:
+    def __init__(self, state):
+        self.state = state
+
+    def checked(self, y_pred):
+        """`y_pred`, after checking the loss can be chunked on it."""
+        if self.state is None or not self.state.report.chunked_loss:
+            return y_pred
+        leaves = tf.nest.flatten(y_pred)
+        if any(head_of(t) is not None for t in leaves):
+            return y_pred
+        names = ", ".join(self.state.report.head_candidates) or "none"
+        raise ValueError(
+            "chunked_loss=True needs the model's output to be the logits of "
+            "a linear head (a Dense with no activation, or a "
+            "ReversibleEmbedding called with reverse=True), but the output "
+            "was computed after the head (an activation, a cast, a "
+            "soft-cap, a checkpointed segment) or by another layer. "
+            f"Candidate heads: {names}. Make the head the last layer, or "
+            "construct the model without chunked_loss."
+        )
+
+
+@contextlib.contextmanager
+def training_forward(owner):
+    """Within it, the heads of `owner` mark their outputs (training only)."""
+    state = getattr(owner, _STATE, None)
+    if state is None or not state.report.chunked_loss:
+        yield _Forward(None)
+        return
+    previous = getattr(_local, "active", None)
+    _local.active = state
+    try:
+        yield _Forward(state)
+    finally:
+        _local.active = previous
+
+
+def _patch_head(state, layer):
+    original = layer.call
+
+    def call(*args, **kwargs):
+        out = original(*args, **kwargs)
+        if getattr(_local, "active", None) is not state:
+            return out
+        if _is_reversible_embedding(layer):
+            reverse = kwargs.get("reverse", args[1] if len(args) > 1 else False)
+            if not reverse:
+                return out
+        inputs = args[0] if args else kwargs.get("inputs")
+        if isinstance(out, tf.Tensor) and isinstance(inputs, tf.Tensor):
+            setattr(out, _TAG, _HeadCall(state, layer, inputs))
+        return out
+
+    object.__setattr__(layer, "call", call)
+    state.patched.append((layer, "call"))
+
+
+def _check_attention(layer):
+    if layer.dropout > 0:
+        raise ValueError(
+            f'attention="chunked" cannot replay attention dropout: the '
+            f"layer {_path(layer)!r} has dropout={layer.dropout}. Build the "
+            "model with attention dropout 0 (keras-hub backbones: "
+            'dropout=0.0), or construct it without attention="chunked".'
+        )
+    axes = layer.attention_axes
+    if axes is not None and tuple(axes) not in ((1,), (-3,)):
+        raise ValueError(
+            f'attention="chunked" handles attention over one sequence axis; '
+            f"the layer {_path(layer)!r} has attention_axes={axes}. "
+            'Construct the model without attention="chunked".'
+        )
+
+
+def _patch_attention(state, layer):
+    scale = 1.0 / float(layer.key_dim) ** 0.5
+    block = state.report.block_elements
+
+    def compute_attention(
+        query,
+        key,
+        value,
+        attention_mask=None,
+        training=None,
+        return_attention_scores=False,
+        use_causal_mask=False,
+    ):
+        if return_attention_scores:
+            raise ValueError(
+                f'attention="chunked" never forms the attention scores, so '
+                f"the layer {_path(layer)!r} cannot return them. Call it "
+                "with return_attention_scores=False, or construct the "
+                'model without attention="chunked".'
+            )
+        mask = attention_mask
+        if mask is not None:
+            mask = tf.cast(mask, tf.bool)
+            while mask.shape.rank < 4:
+                mask = tf.expand_dims(mask, -3)
+        out = dot_product_attention(
+            query,
+            key,
+            value,
+            mask=mask,
+            scale=scale,
+            is_causal=bool(use_causal_mask),
+            block_elements=block,
+        )
+        return out, None
+
+    object.__setattr__(layer, "_compute_attention", compute_attention)
+    state.patched.append((layer, "_compute_attention"))
+
+
+def check_options(chunked_loss, attention) -> None:
+    """Raises for a bad `chunked_loss` or `attention` argument."""
+    if attention not in ATTENTION_CHOICES:
+        raise ValueError(
+            f"`attention` must be one of {ATTENTION_CHOICES}. Received: "
+            f"attention={attention!r}. Pass 'chunked' for exact attention "
+            "in query blocks, or None to keep the model's own."
+        )
+    if not isinstance(chunked_loss, bool):
+        raise TypeError(
+            "`chunked_loss` must be a bool. Received: chunked_loss="
+            f"{chunked_loss!r} (of type {type(chunked_loss).__name__})."
+        )
+
+
+def enable_long_sequences(
+    model,
+    chunked_loss: bool = True,
+    attention: str | None = "chunked",
+    chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+    block_elements: int = DEFAULT_BLOCK_ELEMENTS,
+    owner=None,
+) -> LongSequenceReport:
+    """Chunks the language-model loss and/or the attention of `model`.
+
+    The memory of a long-sequence step is dominated by two terms that
+    neither accumulation nor checkpointing shrinks: the logits (`tokens x
+    vocabulary`, kept with their softmax and gradient) and the attention
+    scores (`batch x heads x T x T` per layer). With `chunked_loss` the
+    head's projection and the sparse cross-entropy run together in chunks
+    of `chunk_elements` logits with a per-chunk custom gradient; with
+    `attention="chunked"` every `MultiHeadAttention` computes exact
+    attention in query blocks, recomputed in the backward pass. Both cost
+    recomputation (one more head matmul per chunk, one more score matmul
+    per block) and give the same update within float32 rounding.
+
+    The chunked loss applies to the training step of a `tfmemopt.Model`
+    (`Model(..., chunked_loss=True)`, `Model.wrap(model, chunked_loss=
+    True)`): predict and evaluate keep returning full logits.
+
+    Args:
+        model: A built Keras model whose layers are taken over.
+        chunked_loss: Bool, defaults to `True`.
+        attention: `"chunked"` (default) or `None`.
+        chunk_elements: Int, logits elements per chunk of the loss.
+        block_elements: Int, attention scores per query block.
+        owner: The `tfmemopt.Model` whose training step reads the head
+            (defaults to `model`).
+
+    Returns:
+        A `LongSequenceReport`.
+
+    Raises:
+        ValueError: an attention layer with dropout or several attention
+            axes, no candidate head, or the model is already taken over.
+    """
+    check_options(chunked_loss, attention)
+    owner = model if owner is None else owner
+    if getattr(owner, _STATE, None) is not None:
+        raise ValueError(
+            f"Model {owner.name!r} already has long-sequence options; "
+            "call disable_long_sequences(model) first."
+        )
+    report = LongSequenceReport(
+        chunked_loss, int(chunk_elements), block_elements=int(block_elements)
+    )
+    state = _State(report)
+    if chunked_loss:
+        heads = _head_candidates(model)
+        if not heads:
+            raise ValueError(
+                f"chunked_loss=True found no linear head in {model.name!r} "
+                "(a Dense, or a ReversibleEmbedding called with "
+                "reverse=True). Construct the model without chunked_loss."
+            )
+        report.head_candidates = [_path(h) for h in heads]
+    layers = []
+    if attention == "chunked":
+        layers = [
+            layer
+            for layer in sublayers(model)
+            if isinstance(layer, keras.layers.MultiHeadAttention)
+        ]
+        for layer in layers:
+            _check_attention(layer)
+        report.attention = attention
+        report.attention_layers = [_path(layer) for layer in layers]
+    if chunked_loss:
+        for head in heads:
+            _patch_head(state, head)
+    for layer in layers:
+        _patch_attention(state, layer)
+    object.__setattr__(owner, _STATE, state)
+    return report
+
+
+def disable_long_sequences(owner) -> None:
+    """Undoes `enable_long_sequences` (the layers' own methods come back)."""
+    state = getattr(owner, _STATE, None)
+    if state is None:
+        return
+    for layer, name in state.patched:
+        layer.__dict__.pop(name, None)
+    object.__setattr__(owner, _STATE, None)
+
+
+def check_compiled(model, chunked_loss) -> None:
+    """Refuses compiled metrics (they need the logits) with chunked_loss."""
+    if not chunked_loss or not getattr(model, "compiled", False):
+        return
+    config = model.get_compile_config() or {}
+    metrics = [config.get("metrics"), config.get("weighted_metrics")]
+    if any(m for m in metrics):
+        raise ValueError(
+            "chunked_loss=True never forms the training logits, so compiled "
+            f"metrics cannot be computed on them. Received: metrics="
+            f"{metrics[0]!r}, weighted_metrics={metrics[1]!r}. Compile "
+            "without metrics and measure them with model.evaluate (which "
+            "gives full logits), or construct the model without "
+            "chunked_loss."
+        )
+    if type(model).compute_loss is not keras.Model.compute_loss:
+        raise ValueError(
+            f"{type(model).__name__} overrides `compute_loss`, which would "
+            "receive the full logits: chunked_loss=True cannot chunk it. "
+            "Use a compiled keras.losses.SparseCategoricalCrossentropy("
+            "from_logits=True), or construct the model without "
+            "chunked_loss."
+        )
+
+
+def report_of(owner) -> LongSequenceReport | None:
+    state = getattr(owner, _STATE, None)
+    return None if state is None else state.report
