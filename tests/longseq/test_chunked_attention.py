@@ -1,0 +1,91 @@
+"""attention="chunked": exact attention in query blocks, Keras's layers."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfmemopt
+from tfmemopt.longseq import dot_product_attention
+
+B, T, N, H = 2, 11, 3, 4
+
+
+def _diff(a, b):
+    return max(float(np.abs(p - q).max()) for p, q in zip(a, b))
+
+
+def test_equals_keras_dot_product_attention_and_its_gradient():
+    rng = np.random.default_rng(0)
+    q, k, v, d_out = (
+        tf.constant(rng.normal(size=(B, T, N, H)), tf.float32) for _ in range(4)
+    )
+    mask = rng.random((B, 1, T, T)) > 0.3
+    mask[0, 0, 0] = False  # a fully masked query row: uniform in Keras too
+    mask = tf.constant(mask)
+    cases = [(mask, False), (None, True), (mask, True), (None, False)]
+    for m, causal in cases:
+        results = []
+        for attend in (
+            lambda: dot_product_attention(
+                q, k, v, mask=m, is_causal=causal, block_elements=B * N * T * 3
+            ),
+            lambda: keras.ops.dot_product_attention(
+                q, k, v, mask=m, is_causal=causal
+            ),
+        ):
+            with tf.GradientTape() as tape:
+                tape.watch([q, k, v])
+                out = attend()
+                s = tf.reduce_sum(out * d_out)
+            results.append([out, *tape.gradient(s, [q, k, v])])
+        assert _diff(*results) < 2e-6, (m is None, causal)
+
+
+def _stack(dropout=0.0):
+    keras.utils.set_random_seed(2)
+    inputs = keras.Input((T,), dtype="int32")
+    h = keras.layers.Embedding(29, 8, mask_zero=True)(inputs)
+    for _ in range(2):
+        a = keras.layers.MultiHeadAttention(2, 4, dropout=dropout)(
+            h, h, use_causal_mask=True
+        )
+        h = keras.layers.LayerNormalization()(h + a)
+    outputs = keras.layers.Dense(29)(h)
+    return keras.Model(inputs, outputs)
+
+
+def test_a_users_attention_stack_trains_as_keras():
+    rng = np.random.default_rng(1)
+    x = rng.integers(1, 29, size=(4, T))
+    x[1, -3:] = 0  # query and key padding, merged with the causal mask
+    y = rng.integers(0, 29, size=(4, T))
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    def update(model, perm):
+        model.compile(keras.optimizers.SGD(0.5), loss)
+        model.train_on_batch(x[perm], y[perm])
+        return [w.numpy() for w in model.trainable_variables]
+
+    ident, perm = np.arange(4), np.array([2, 0, 3, 1])
+    plain = _stack()
+    before = [w.numpy() for w in plain.trainable_variables]
+    want = update(plain, ident)
+    floor = _diff(want, update(_stack(), perm))
+    model = tfmemopt.Model.wrap(_stack(), attention="chunked")
+    model.long_sequences.block_elements = 4 * 2 * T * 3  # 4 blocks of 3
+    assert len(model.long_sequences.attention_layers) == 2
+    got = update(model, ident)
+    update_size = _diff(want, before)
+    assert update_size > 1e-3
+    assert _diff(want, got) <= max(4 * floor, 2**-20 * update_size)
+    np.testing.assert_allclose(
+        model.predict(x, verbose=0), plain.predict(x, verbose=0), atol=2e-6
+    )
+
+
+def test_refuses_attention_dropout():
+    with pytest.raises(ValueError, match="dropout=0.1"):
+        tfmemopt.Model.wrap(_stack(dropout=0.1), attention="chunked")
