@@ -1,0 +1,109 @@
+"""A keras-hub GPT2CausalLM taken over: tied head, merged attention mask."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+
+import tfmemopt
+
+keras_hub = pytest.importorskip("keras_hub")
+
+V, T, B = 61, 12, 4
+
+
+def _gpt2(dropout=0.0):
+    keras.utils.set_random_seed(1)
+    backbone = keras_hub.models.GPT2Backbone(
+        vocabulary_size=V,
+        num_layers=2,
+        num_heads=2,
+        hidden_dim=16,
+        intermediate_dim=32,
+        max_sequence_length=16,
+        dropout=dropout,
+    )
+    return keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
+
+
+def _data():
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(1, V, size=(B, T))
+    padding = np.ones((B, T), bool)
+    padding[1, -4:] = False
+    padding[2, -7:] = False
+    x = {"token_ids": tokens, "padding_mask": padding}
+    y = np.roll(tokens, -1, axis=1)
+    y[0, :2] = 5  # ignore_class
+    sw = (padding * rng.uniform(0.5, 2.0, size=(B, T))).astype("float32")
+    return x, y, sw
+
+
+def _loss():
+    return keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True, ignore_class=5
+    )
+
+
+def _update(model, x, y, sw, perm=None):
+    if perm is not None:
+        x = {k: v[perm] for k, v in x.items()}
+        y, sw = y[perm], sw[perm]
+    logs = model.train_on_batch(x, y, sample_weight=sw, return_dict=True)
+    return logs["loss"], [w.numpy() for w in model.trainable_variables]
+
+
+def _diff(a, b):
+    return max(float(np.abs(p - q).max()) for p, q in zip(a, b))
+
+
+def test_gpt2_both_options_exact_and_saved(tmp_path):
+    x, y, sw = _data()
+    plain = _gpt2()
+    plain.compile(keras.optimizers.SGD(0.5), _loss())
+    before = [w.numpy() for w in plain.trainable_variables]
+    want_loss, want = _update(plain, x, y, sw)
+    other = _gpt2()
+    other.compile(keras.optimizers.SGD(0.5), _loss())
+    floor = _diff(want, _update(other, x, y, sw, np.array([3, 1, 0, 2]))[1])
+    size = _diff(want, before)
+
+    model = tfmemopt.Model.wrap(
+        _gpt2(), chunked_loss=True, attention="chunked", accumulation_steps=2
+    )
+    report = model.long_sequences
+    report.chunk_elements = V * 5  # 5 tokens per chunk: 10 chunks
+    report.block_elements = 2 * 2 * T * 5
+    assert "token_embedding" in report.head_candidates[-1]
+    assert len(report.attention_layers) == 2
+    model.compile(keras.optimizers.SGD(0.5), _loss())
+    got_loss, got = _update(model, x, y, sw)
+    assert report.head.endswith("token_embedding")
+    assert "token_embedding" in str(report)
+    assert size > 1e-2
+    assert _diff(want, got) <= max(4 * floor, 2**-20 * size)
+    assert abs(got_loss - want_loss) <= 2e-6 * abs(want_loss)
+    np.testing.assert_allclose(
+        model.predict(x, verbose=0), plain.predict(x, verbose=0), atol=1e-5
+    )
+
+    # The options survive .keras; the loaded model resumes exactly.
+    path = str(tmp_path / "gpt2.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    assert loaded.get_config()["chunked_loss"] is True
+    assert loaded.get_config()["attention"] == "chunked"
+    assert loaded.long_sequences.head_candidates == report.head_candidates
+    for m in (model, loaded):
+        m.long_sequences.chunk_elements = V * 5
+    _, after = _update(model, x, y, sw)
+    _, after_loaded = _update(loaded, x, y, sw)
+    assert _diff(after, after_loaded) == 0.0
+
+
+def test_gpt2_attention_dropout_refused_loss_alone_accepted():
+    with pytest.raises(ValueError, match="dropout=0.0"):
+        tfmemopt.Model.wrap(_gpt2(dropout=0.1), attention="chunked")
+    model = tfmemopt.Model.wrap(_gpt2(dropout=0.1), chunked_loss=True)
+    assert model.long_sequences.attention is None
