@@ -42,3 +42,10 @@ bench: venv
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
+
+# On a machine with a GPU (or on CPU, as a smoke test): measures what only
+# an accelerator can prove; see docs/accelerator.md. No install step, so it
+# also runs where the Python at hand already has TensorFlow.
+.PHONY: accelerator-check
+accelerator-check:
+	$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)) benchmarks/accelerator.py $(ACCELERATOR_ARGS)
