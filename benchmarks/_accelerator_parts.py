@@ -493,7 +493,7 @@ def part_precision(ctx):
     times = interleaved_times(
         ctx,
         {p: (lambda m=m: m.train_on_batch(x, y)) for p, m in models.items()},
-        rounds=ctx.size(7, 2),
+        rounds=ctx.size(7, 1),
     )
     cpu_rows = {
         "mixed_bfloat16": ("keras.Model", "mixed_bfloat16"),
@@ -548,7 +548,7 @@ def _alignment(ctx, x, y, batch):
             "misaligned": lambda: mis.train_on_batch(x, y),
             "padded": lambda: ok.train_on_batch(x, y),
         },
-        rounds=ctx.size(7, 2),
+        rounds=ctx.size(7, 1),
     )
     hw_note = (
         "advice for the h100 preset (CPU run)" if ctx.kind == "CPU" else ""
@@ -632,7 +632,7 @@ def _accumulation(ctx):
             "small": lambda: small.train_on_batch(x[:micro], y[:micro]),
             "ours": lambda: ours.train_on_batch(x, y),
         },
-        rounds=ctx.size(7, 2),
+        rounds=ctx.size(7, 1),
     )
     # samples/s against plain fit at B/N, as the CPU table gives it
     ctx.figure(
@@ -697,7 +697,7 @@ def _checkpointing(ctx):
             "none": lambda: plain.train_on_batch(x, y),
             "auto": lambda: ckpt.train_on_batch(x, y),
         },
-        rounds=ctx.size(7, 2),
+        rounds=ctx.size(7, 1),
     )
     ctx.figure(
         "checkpointing 'auto': step time / none",
@@ -759,7 +759,7 @@ def part_optimizers(ctx):
     t = interleaved_times(
         ctx,
         {k: (lambda m=m: m.train_on_batch(x, y)) for k, m in models.items()},
-        rounds=ctx.size(9, 2),
+        rounds=ctx.size(9, 1),
     )
     base = t["keras.AdamW"]
     for label, sec in t.items():
@@ -823,6 +823,10 @@ def part_sharding(ctx):
         ctx.data("shard_parameters", "accepted by tfmemopt.Model")
     except TypeError as e:
         ctx.data("shard_parameters", f"not accepted here: {e}"[:200])
+    except Exception as e:  # noqa: BLE001 - accepted, but failed: recorded
+        ctx.data(
+            "shard_parameters", f"build failed: {type(e).__name__}: {e}"[:300]
+        )
     models, held, state = {}, {}, {}
     for v in variants:
         before = {d: memory.device_memory(d)["current"] for d in short}
