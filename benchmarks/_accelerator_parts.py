@@ -25,6 +25,14 @@ from tfmemopt import memory
 MIB = 2**20
 
 
+NO_OOM_ON_CPU = (
+    "no accelerator: a CPU process does not run out of memory at a batch "
+    "this run can afford (the CPU figures in BENCHMARKS.md use a memory "
+    "budget instead); --simulate-oom runs this part against a layer that "
+    "raises ResourceExhaustedError"
+)
+
+
 class Skip(Exception):
     """The part cannot run on this machine; the message says why."""
 
@@ -307,7 +315,14 @@ def part_estimator(ctx):
             f"MiB (peak above the usage before the model was built, median "
             f"of 3 steps; spread {mib(max(peaks) - min(peaks))} MiB)",
         )
-        ctx.data(name, {"estimate": est.to_dict(), "peaks": peaks})
+        ctx.data(
+            name,
+            {
+                "estimate": est.to_dict(),
+                "peaks": peaks,
+                "jit_compile": bool(model.jit_compile),
+            },
+        )
         del model
     if errors:
         ctx.figure(
@@ -368,12 +383,7 @@ def _is_oom(e) -> bool:
 def part_find_batch_size(ctx):
     """The finder's largest batch against the first batch that runs out."""
     if ctx.kind == "CPU" and not ctx.simulate_oom:
-        raise Skip(
-            "no accelerator: a CPU process does not run out of memory at a "
-            "batch this run can afford (the CPU figures in BENCHMARKS.md "
-            "use a memory budget instead); --simulate-oom runs this part "
-            "against a layer that raises ResourceExhaustedError"
-        )
+        raise Skip(NO_OOM_ON_CPU)
     fresh()
     simulated = ctx.kind == "CPU"
     if simulated:
