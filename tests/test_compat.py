@@ -209,6 +209,8 @@ _OPTIMIZER_PRIVATE = [
     ("nadam_u_product", "nadam", "_u_product"),
     ("ema_averages", "ema", "_model_variables_moving_average"),
     ("update_ema", "ema", "_update_model_variables_moving_average"),
+    ("skip_optimizer_all_reduce", "sgd", "_all_reduce_sum_gradients"),
+    ("skip_optimizer_all_reduce", "sgd", "_clip_gradients"),
 ]
 
 
@@ -354,3 +356,41 @@ def test_on_loss_scale_optimizer_sees_every_wrapper():
     # Keras's `__init__` ran in full before the hook: the inner optimizer's
     # own loss scaling is off.
     assert direct.inner_optimizer.loss_scale_factor is None
+
+
+class _Storage:
+    """Stands for a sharded weight's storage (distribute/_param_shard)."""
+
+    dtype = tf.float32
+    shape = tf.TensorShape([2])
+
+    def __init__(self):
+        self.assigned = None
+
+    def assign(self, value):
+        self.assigned = np.asarray(value)
+
+
+tf.register_tensor_conversion_function(
+    _Storage, lambda v, dtype=None, name=None, as_ref=False: tf.ones([2])
+)
+
+
+def test_replace_storage_makes_the_variable_read_and_write_it():
+    # tfmemopt.Model(shard_parameters=True) relies on Keras reading and
+    # writing a variable only through `_value`.
+    variable = keras.Variable([5.0, 6.0], name="w")
+    storage = _Storage()
+    _compat.replace_storage(variable, storage)
+    assert np.array_equal(keras.ops.convert_to_numpy(variable * 2.0), [2, 2])
+    variable.assign([3.0, 4.0])
+    assert np.array_equal(storage.assigned, [3.0, 4.0])
+
+
+def test_skip_optimizer_all_reduce_leaves_gradients_as_given():
+    sgd, (kernel, bias) = _built_optimizer("sgd")
+    sgd.global_clipnorm = 1e-3
+    _compat.skip_optimizer_all_reduce(sgd)
+    pairs = [(tf.constant([1.0, 1.0]), kernel)]
+    assert sgd._all_reduce_sum_gradients(pairs) == pairs
+    assert sgd._clip_gradients(["g"]) == ["g"]

@@ -187,3 +187,22 @@ def extended_multi_worker_mode(strategy):
     (`extended._in_multi_worker_mode()`), or None where TF does not say."""
     probe = getattr(strategy.extended, "_in_multi_worker_mode", None)
     return None if probe is None else bool(probe())
+
+
+# -- parameter sharding -------------------------------------------------------
+
+
+def replace_storage(variable, storage) -> None:
+    """Makes a `keras.Variable` read and write `storage` (`_value`), an
+    object with `dtype`, `shape`, `numpy()`, `assign()` and a tensor
+    conversion: the storage of a weight sharded across replicas."""
+    variable._value = storage
+
+
+def skip_optimizer_all_reduce(optimizer) -> None:
+    """Switches off the TensorFlow optimizer's gradient all-reduce
+    (`_all_reduce_sum_gradients`) and its per-replica clipping
+    (`_clip_gradients`): under parameter sharding each replica's gradient
+    is already its part of the sum, clipped with the whole norm."""
+    object.__setattr__(optimizer, "_all_reduce_sum_gradients", list)
+    object.__setattr__(optimizer, "_clip_gradients", lambda grads: grads)

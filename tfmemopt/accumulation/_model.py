@@ -26,7 +26,12 @@ from tfmemopt.distribute import _hooks as _dist
 from tfmemopt.longseq import _takeover as longseq
 
 _SEED_KEY = "seed_"
-_CONFIG_KEYS = ("accumulation_steps", "micro_batch_size", "checkpointing")
+_CONFIG_KEYS = (
+    "accumulation_steps",
+    "micro_batch_size",
+    "checkpointing",
+    "shard_parameters",
+)
 
 
 def _functional_arguments(args, kwargs) -> bool:
@@ -112,6 +117,12 @@ class Model(_dist.FitFixes, keras.Model):
             `MultiHeadAttention` (and keras-hub subclass) computes exact
             attention in query blocks, recomputed in the backward pass
             (attention dropout must be 0).
+        shard_parameters: Bool, defaults to `False`. Under a strategy with
+            R > 1 replicas, each replica stores 1/R of every trainable
+            weight, of its gradient and of the optimizer state (FSDP,
+            ZeRO stage 3; see docs/sharding.md). Applied by `compile`,
+            which must run inside the strategy's scope on a built model.
+            With one replica nothing changes.
         *args, **kwargs: As for `keras.Model` (`inputs`, `outputs`, `name`).
 
     Example:
@@ -140,6 +151,7 @@ class Model(_dist.FitFixes, keras.Model):
         accumulation_steps: int | None = None,
         micro_batch_size: int | None = None,
         checkpointing=None,
+        shard_parameters: bool = False,
         chunked_loss: bool = False,
         attention: str | None = None,
         **kwargs,
@@ -159,6 +171,12 @@ class Model(_dist.FitFixes, keras.Model):
             check_int("accumulation_steps", accumulation_steps)
         if micro_batch_size is not None:
             check_int("micro_batch_size", micro_batch_size)
+        if not isinstance(shard_parameters, bool):
+            raise TypeError(
+                "`shard_parameters` must be True or False. Received: "
+                f"shard_parameters={shard_parameters!r} (of type "
+                f"{type(shard_parameters).__name__})."
+            )
         if _functional_arguments(args, kwargs):
             functional_class().__init__(self, *args, **kwargs)
         else:
@@ -170,6 +188,8 @@ class Model(_dist.FitFixes, keras.Model):
         self._long_sequences = (chunked_loss, attention)
         if self.built:
             self._ensure_long_sequences()
+        self._shard_parameters = shard_parameters
+        self._shards = None
         if checkpointing is not None and self.built:
             self._ensure_checkpointing()
 
@@ -189,6 +209,19 @@ class Model(_dist.FitFixes, keras.Model):
         return self._checkpointing_policy
 
     @property
+    def shard_parameters(self) -> bool:
+        """Whether the weights are sharded across replicas (FSDP)."""
+        return self._shard_parameters
+
+    @property
+    def trainable_variables(self):
+        # Under shard_parameters the optimizer and the gradients see the
+        # shards; `trainable_weights` stays the model's whole weights.
+        if getattr(self, "_shards", None) is not None:
+            return list(self._shards.shards)
+        return super().trainable_variables
+
+    @property
     def long_sequences(self):
         """What `chunked_loss` / `attention` took over (`LongSequenceReport`).
 
@@ -204,6 +237,7 @@ class Model(_dist.FitFixes, keras.Model):
         micro_batch_size: int | None = None,
         checkpointing=None,
         name: str | None = None,
+        shard_parameters: bool = False,
         chunked_loss: bool = False,
         attention: str | None = None,
     ) -> "Model":
@@ -221,6 +255,7 @@ class Model(_dist.FitFixes, keras.Model):
             name: String or `None`, the wrapper's name.
             chunked_loss: Bool, as for `tfmemopt.Model`.
             attention: `None` or `"chunked"`, as for `tfmemopt.Model`.
+            shard_parameters: Bool, as for `tfmemopt.Model`.
 
         Returns:
             A `tfmemopt.Model` to compile and fit.
@@ -244,6 +279,7 @@ class Model(_dist.FitFixes, keras.Model):
             name=name,
             chunked_loss=chunked_loss,
             attention=attention,
+            shard_parameters=shard_parameters,
         )
 
     def compile(self, *args, **kwargs):
@@ -268,13 +304,16 @@ class Model(_dist.FitFixes, keras.Model):
                 "`gradient_accumulation_steps` from the optimizer; "
                 "tfmemopt.Model already gives the full-batch update."
             )
+        if self._shard_parameters:
+            self._shards = _dist.shard_parameters(self, self.optimizer)
 
     def compile_from_config(self, config):
         # Keras skips this for models that override `compile`; ours only adds
         # a check, so the saved compile arguments are restored as usual.
         config = keras.saving.deserialize_keras_object(config)
         self.compile(**config)
-        if getattr(self, "optimizer", None) is not None and self.built:
+        optimizer = getattr(self, "optimizer", None)
+        if optimizer is not None and self.built and not optimizer.built:
             self.optimizer.build(self.trainable_variables)
 
     def _ensure_checkpointing(self):
@@ -398,6 +437,7 @@ class Model(_dist.FitFixes, keras.Model):
                 "checkpointing": _serializable_policy(
                     self._checkpointing_policy
                 ),
+                "shard_parameters": self._shard_parameters,
             }
         )
         return config
@@ -415,9 +455,11 @@ class Model(_dist.FitFixes, keras.Model):
             model._checkpointing_policy = settings["checkpointing"]
             model._long_sequences = (chunked_loss, attention)
             model._ensure_long_sequences()
+            model._shard_parameters = bool(settings["shard_parameters"])
             if settings["checkpointing"] is not None:
                 model._ensure_checkpointing()
             return model
+        settings["shard_parameters"] = bool(settings["shard_parameters"])
         return cls(
             **config,
             **settings,

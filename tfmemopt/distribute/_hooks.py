@@ -8,6 +8,7 @@ that knows about replicas lives here.
 - `before_apply(grads_and_vars, optimizer)`: the cross-replica finite check
   and clipping after the all-reduce.
 - `step_logs(logs)`: scalar logs that multi-worker reduction accepts.
+- `shard_parameters(model, optimizer, strategy)`: FSDP (`_param_shard`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ from tfmemopt.distribute._gradients import prepare_gradients
 from tfmemopt.distribute._keras_distribution import check_keras_distribution
 from tfmemopt.distribute._keras_fixes import MultiWorkerFitFixes as FitFixes
 from tfmemopt.distribute._keras_fixes import expand_logs as step_logs
+from tfmemopt.distribute._param_shard import clip_shards
+from tfmemopt.distribute._param_shard import is_shard
+from tfmemopt.distribute._param_shard import shard_model as shard_parameters
 
 
 def on_compile() -> None:
@@ -28,8 +32,18 @@ def before_apply(grads_and_vars, optimizer):
     grads_and_vars = list(grads_and_vars)
     if not grads_and_vars:
         return grads_and_vars
-    grads = prepare_gradients([g for g, _ in grads_and_vars], optimizer)
+    grads = [g for g, _ in grads_and_vars]
+    if any(is_shard(v) for _, v in grads_and_vars):
+        grads = clip_shards(grads, optimizer)  # shard_parameters=True
+    else:
+        grads = prepare_gradients(grads, optimizer)
     return list(zip(grads, [v for _, v in grads_and_vars]))
 
 
-__all__ = ["FitFixes", "before_apply", "on_compile", "step_logs"]
+__all__ = [
+    "FitFixes",
+    "before_apply",
+    "on_compile",
+    "shard_parameters",
+    "step_logs",
+]

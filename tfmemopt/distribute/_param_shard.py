@@ -1,0 +1,341 @@
+"""Parameter sharding (FSDP, ZeRO stage 3) for `tfmemopt.Model`.
+
+`shard_parameters=True` makes each of the R replicas store 1/R of every
+trainable weight. Each weight gets a *shard*: a `keras.Variable` of
+`ceil(n / R)` elements made under the strategy, whose per-device components
+hold different parts of the flattened weight (the cut of
+`_shard_layout.Layout`, on block boundaries for 8-bit optimizers). The
+layer's own `keras.Variable` keeps its name, shape and place in the model,
+but its storage is replaced by a `ShardedValue`: reading it inside a replica
+all-gathers the shard (so each layer's weight is gathered when the layer
+reads it), reading it outside one assembles the components, and assigning
+it a whole value cuts the value into the components. So `get_weights`,
+`set_weights`, `.keras` files and `save_weights` see whole weights, in the
+unwrapped model's order, with no code of their own.
+
+The gradient of the all-gather is an all-reduce followed by this replica's
+slice: each replica ends the backward pass with its part of the *summed*
+gradient. The user's optimizer is built on the shards (its slots are 1/R
+too) and updates each replica's part; its own all-reduce and its
+per-replica clipping are switched off (the parts are already sums, and
+clipping uses the whole gradient's norm, `clip_shards`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from tfmemopt.distribute._gradients import clip
+from tfmemopt.distribute._gradients import clipping_of
+from tfmemopt.distribute._gradients import count_non_finite
+from tfmemopt.distribute._gradients import sum_of_squares
+from tfmemopt.distribute._shard_layout import Layout
+
+
+class ShardedValue:
+    """What a sharded weight's `keras.Variable` holds instead of a variable.
+
+    Args:
+        shard: The `keras.Variable` holding one part per replica.
+        layout: The `Layout` of the cut.
+        strategy: The strategy the shard was made under.
+        name: The weight's path, for messages.
+    """
+
+    def __init__(self, shard, layout: Layout, strategy, name: str):
+        self.shard = shard
+        self.layout = layout
+        self.strategy = strategy
+        self.name = name
+        self.dtype = tf.as_dtype(shard.dtype)
+        self.shape = tf.TensorShape(layout.shape)
+        self._unique_id = f"sharded/{name}"
+
+    # -- reads ------------------------------------------------------------
+    def gathered(self):
+        """The whole weight: all-gathered in a replica, else assembled."""
+        ctx = tf.distribute.get_replica_context()
+        if ctx is not None and ctx.num_replicas_in_sync > 1:
+            local = tf.convert_to_tensor(self.shard.value)
+            whole = ctx.all_gather(local, axis=0)
+            blocks = tf.reshape(whole, [self.layout.replicas, self.layout.c])
+            return self.layout.assemble(blocks)
+        if ctx is not None and not tf.distribute.in_cross_replica_context():
+            # The default replica context of another (or no) strategy.
+            if tf.distribute.has_strategy():
+                raise ValueError(
+                    f"Weight {self.name!r} is sharded across the replicas of "
+                    f"{type(self.strategy).__name__}; it cannot be read "
+                    "inside another strategy's replica."
+                )
+        parts = [
+            tf.convert_to_tensor(p)
+            for p in self.strategy.experimental_local_results(self.shard.value)
+        ]
+        with tf.device(parts[0].device):
+            blocks = tf.stack(parts, 0)
+            return self.layout.assemble(blocks)
+
+    def numpy(self):
+        return self.gathered().numpy()
+
+    def __array__(self, dtype=None, copy=None):
+        out = self.numpy()
+        return out if dtype is None else out.astype(dtype)
+
+    def read_value(self):
+        return self.gathered()
+
+    # -- writes -----------------------------------------------------------
+    def assign(self, value, **kwargs):
+        """Cuts a whole value into the replicas' parts (not in a replica)."""
+        if tf.distribute.in_cross_replica_context() or not (
+            tf.distribute.has_strategy()
+        ):
+            flat = np.reshape(np.asarray(value), [-1]).astype(
+                self.dtype.as_numpy_dtype
+            )
+            parts = self.strategy.experimental_local_results(self.shard.value)
+            if len(parts) != self.layout.replicas:
+                raise NotImplementedError(
+                    "Assigning a sharded weight under a multi-worker "
+                    "strategy is not supported yet."
+                )
+            for r, part in enumerate(parts):
+                part.assign(self.layout.local_numpy(flat, r))
+            return value
+        raise ValueError(
+            f"Weight {self.name!r} is sharded across replicas "
+            "(shard_parameters=True): assign it outside the replicas "
+            "(model.set_weights, layer.kernel.assign in the strategy's "
+            "scope), not inside a train step."
+        )
+
+    def __repr__(self):
+        return (
+            f"<ShardedValue {self.name} shape={self.shape.as_list()} "
+            f"replicas={self.layout.replicas}>"
+        )
+
+    @property
+    def handle(self):
+        raise ValueError(
+            f"Weight {self.name!r} is sharded across replicas "
+            "(shard_parameters=True) and has no single resource handle."
+        )
+
+
+def _convert(value, dtype=None, name=None, as_ref=False):
+    out = value.gathered()
+    if dtype is not None and tf.as_dtype(dtype) != out.dtype:
+        out = tf.cast(out, dtype)
+    return out
+
+
+tf.register_tensor_conversion_function(ShardedValue, _convert)
+
+
+def is_shard(variable) -> bool:
+    """Whether `variable` is a shard made by `shard_model`."""
+    return getattr(variable, "_tfmemopt_shard_of", None) is not None
+
+
+def clip_shards(grads, optimizer):
+    """Clips each replica's part of the summed gradients as one device would.
+
+    Norms come from the whole summed gradients (one all-reduce of the sums
+    of squares), and any non-finite part makes every replica's parts
+    non-finite, so a `LossScaleOptimizer` skips the step everywhere.
+    """
+    ctx = tf.distribute.get_replica_context()
+    setting = clipping_of(optimizer)
+    squares = [None if g is None else sum_of_squares(g) for g in grads]
+    present = [s for s in squares if s is not None]
+    stats = tf.stack(present + [count_non_finite(grads)])
+    stats = ctx.all_reduce(tf.distribute.ReduceOp.SUM, stats)
+    it = iter(tf.unstack(stats[:-1]))
+    squares = [None if s is None else next(it) for s in squares]
+    poison = tf.where(stats[-1] > 0, float("nan"), 1.0)
+    grads = [None if g is None else g * tf.cast(poison, g.dtype) for g in grads]
+    if setting is None or setting[0] == "clipvalue":
+        return clip(grads, setting, scale=_loss_scale(optimizer))
+    return clip(grads, setting, squares=squares, scale=_loss_scale(optimizer))
+
+
+def _loss_scale(optimizer):
+    import keras
+
+    if not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return None
+    if optimizer.built:
+        return tf.cast(optimizer.dynamic_scale, tf.float32)
+    return tf.constant(float(optimizer.initial_scale), tf.float32)
+
+
+# -- making the shards ---------------------------------------------------------
+
+
+class ShardSet:
+    """The shards of one model (a plain object: Keras does not track it, so
+    saving walks the model's own, whole-valued weights only)."""
+
+    def __init__(self, strategy, originals, shards):
+        self.strategy = strategy
+        self.originals = list(originals)
+        self.shards = list(shards)
+
+    @property
+    def replicas(self) -> int:
+        return self.strategy.num_replicas_in_sync
+
+
+def _unique(variables):
+    seen, out = set(), []
+    for v in variables:
+        if id(v) not in seen:
+            seen.add(id(v))
+            out.append(v)
+    return out
+
+
+def shard_model(model, optimizer) -> ShardSet | None:
+    """Replaces the storage of `model`'s trainable weights by shards.
+
+    Builds `optimizer` on the shards (on the model's existing shards when
+    it is compiled again). Returns `None`, and changes nothing, with one
+    replica or no optimizer.
+    """
+    import keras
+
+    from tfmemopt import _compat
+
+    strategy = model.distribute_strategy
+    replicas = strategy.num_replicas_in_sync
+    if replicas <= 1 or optimizer is None:
+        return None
+    inner = optimizer
+    while isinstance(inner, keras.optimizers.LossScaleOptimizer):
+        inner = inner.inner_optimizer
+    check_optimizer(inner)
+    _check_model(model)
+    if optimizer.built:
+        raise ValueError(
+            "shard_parameters=True builds the optimizer on the shards, and "
+            f"this optimizer ({type(inner).__name__}) is built already (on "
+            "whole weights). Pass a new, unbuilt optimizer to `compile`."
+        )
+    existing = getattr(model, "_shards", None)
+    if existing is not None:
+        _prepare_optimizer(inner, existing.originals, existing.shards)
+        optimizer.build(existing.shards)
+        return existing
+    originals = _unique(model.trainable_weights)
+    align_of = getattr(inner, "shard_alignment", None)
+    excluded = {
+        id(w)
+        for w in originals
+        if inner.weight_decay is not None
+        and not _compat.uses_weight_decay(inner, w)
+    }
+    shards = []
+    with strategy.scope():
+        for w in originals:
+            shape = tuple(int(d) for d in w.shape)
+            align = int(align_of(shape)) if align_of else 1
+            layout = Layout(shape, replicas, align)
+            whole = np.reshape(np.asarray(w.numpy()), [-1])
+            scope = w.path.rsplit("/", 1)[0] if "/" in w.path else None
+            with keras.name_scope(scope) if scope else _null():
+                shard = keras.Variable(
+                    initializer="zeros",
+                    shape=(layout.c,),
+                    dtype=w.dtype,
+                    trainable=True,
+                    name=w.name,
+                    aggregation="none",
+                )
+            parts = strategy.experimental_local_results(shard.value)
+            for r, part in enumerate(parts):
+                part.assign(layout.local_numpy(whole, r))
+            shard.whole_shape = shape
+            shard._tfmemopt_shard_of = w
+            _compat.replace_storage(
+                w, ShardedValue(shard, layout, strategy, w.path)
+            )
+            shards.append(shard)
+    _prepare_optimizer(inner, originals, shards, excluded)
+    optimizer.build(shards)
+    return ShardSet(strategy, originals, shards)
+
+
+def _prepare_optimizer(inner, originals, shards, excluded=None) -> None:
+    """Weight-decay exclusions carried to the shards; Keras's all-reduce
+    and per-replica clipping off."""
+    from tfmemopt import _compat
+
+    if excluded is None:  # compiled again: ask by the original names
+        excluded = set()
+        if inner.weight_decay is not None:
+            for w, s in zip(originals, shards):
+                if not _compat.uses_weight_decay(inner, s):
+                    excluded.add(id(w))
+    if excluded:
+        inner.exclude_from_weight_decay(
+            var_list=[s for w, s in zip(originals, shards) if id(w) in excluded]
+        )
+    _compat.skip_optimizer_all_reduce(inner)
+
+
+def _check_model(model) -> None:
+    """Refuses the combinations this version cannot shard."""
+    if not model.built:
+        raise ValueError(
+            "shard_parameters=True shards the weights when the model is "
+            "compiled, and this model is not built yet. Build it first "
+            "(call it on a batch, or `model.build(input_shape)`), inside "
+            "the strategy's scope, then compile."
+        )
+    steps = getattr(model, "accumulation_steps", None)
+    if getattr(model, "micro_batch_size", None) is not None or (steps or 1) > 1:
+        raise ValueError(
+            "shard_parameters=True does not combine with accumulation_steps "
+            "or micro_batch_size yet: the all-gather of the weights cannot "
+            "run inside the micro-batch loop (tf.while_loop). Use either "
+            "shard_parameters=True with whole batches (lower the batch "
+            "size), or accumulation without parameter sharding (with "
+            "tfmemopt.ShardedOptimizer for the optimizer state)."
+        )
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *args):
+        return False
+
+
+# Optimizers whose update is not elementwise over a parameter (or whose
+# build copies the parameter): the same list ShardedOptimizer refuses.
+_REFUSED = {
+    "Adafactor": "factored second moments (row and column means of the whole "
+    "matrix)",
+    "Lamb": "a trust ratio from the norm of the whole parameter",
+    "Muon": "orthogonalised whole matrices",
+    "ScheduleFreeAdamW": "a copy of the parameter made in `build`",
+}
+
+
+def check_optimizer(inner) -> None:
+    """Raises for an optimizer whose update needs the whole parameter."""
+    name = type(inner).__name__
+    if name in _REFUSED:
+        raise ValueError(
+            f"shard_parameters=True cannot use {name}: its update uses "
+            f"{_REFUSED[name]}, which a replica holding 1/R of each weight "
+            "does not have. Use an elementwise optimizer (Adam, AdamW, SGD, "
+            "RMSprop, Lion, tfmemopt.optimizers.AdamW8bit), or keep whole "
+            "weights and shard only the optimizer state with "
+            "tfmemopt.ShardedOptimizer."
+        )
