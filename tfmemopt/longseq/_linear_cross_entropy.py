@@ -118,53 +118,71 @@ def _chunked(h, w, b, y, rows, transpose, with_bias):
         loss = lse - tgt_ta.concat()
 
         def grad(upstream):
-            upstream = tf.cast(upstream, tf.float32)
+            # Over blocks of the vocabulary: each block's kernel gradient is
+            # final once computed (written out, never accumulated), and the
+            # hidden states' gradient is a small (tokens, D) sum.
+            up = tf.cast(upstream, tf.float32)[:, None]
+            vocab = b.shape[0]
+            cols = tf.maximum(1, (rows * vocab) // tf.maximum(n, 1))
+            blocks = (vocab + cols - 1) // cols
 
-            def gbody(i, dh_ta, dw, db):
-                start = i * rows
-                h_c = h[start : start + rows]
-                y_c = y[start : start + rows]
-                logits = _logits(h_c, w, b, transpose, with_bias)
-                p = tf.exp(logits - lse[start : start + rows, None])
-                p = p - tf.one_hot(y_c, tf.shape(p)[1], dtype=tf.float32)
-                d = p * upstream[start : start + rows, None]
-                d_c = tf.cast(d, w.dtype)
-                dh_ta = dh_ta.write(
-                    i, tf.matmul(d_c, w, transpose_b=not transpose)
-                )
+            def gbody(j, dh, dw_ta, db_ta):
+                start = j * cols
                 if transpose:
-                    dw_c = tf.matmul(d_c, h_c, transpose_a=True)
+                    w_blk = w[start : start + cols]
                 else:
-                    dw_c = tf.matmul(h_c, d_c, transpose_a=True)
-                dw = dw + tf.cast(dw_c, tf.float32)
-                db = db + tf.reduce_sum(d, axis=0)
-                return i + 1, dh_ta, dw, db
+                    w_blk = w[:, start : start + cols]
+                logits = tf.matmul(h, w_blk, transpose_b=transpose)
+                if with_bias:
+                    logits = logits + b[start : start + cols]
+                logits = tf.cast(logits, tf.float32)
+                width = tf.shape(logits)[1]
+                d = tf.exp(logits - lse[:, None])
+                d = (d - tf.one_hot(y - start, width, dtype=tf.float32)) * up
+                d_c = tf.cast(d, w.dtype)
+                dh = dh + tf.cast(
+                    tf.matmul(d_c, w_blk, transpose_b=not transpose),
+                    tf.float32,
+                )
+                # (block, D) rows of the kernel's gradient, transposed back
+                # at the end for a (D, V) kernel.
+                dw_ta = dw_ta.write(j, tf.matmul(d_c, h, transpose_a=True))
+                db_ta = db_ta.write(j, tf.reduce_sum(d, axis=0))
+                return j + 1, dh, dw_ta, db_ta
 
-            dh_ta = tf.TensorArray(
-                h.dtype,
-                size=chunks,
-                element_shape=tf.TensorShape([None, h.shape[-1]]),
-                infer_shape=False,
-            )
-            _, dh_ta, dw, db = tf.while_loop(
-                lambda i, *_: i < chunks,
+            _, dh, dw_ta, db_ta = tf.while_loop(
+                lambda j, *_: j < blocks,
                 gbody,
                 [
                     tf.constant(0),
-                    dh_ta,
-                    tf.zeros(w.shape, tf.float32),
-                    tf.zeros(b.shape, tf.float32),
+                    tf.zeros(tf.shape(h), tf.float32),
+                    tf.TensorArray(
+                        w.dtype,
+                        size=blocks,
+                        element_shape=tf.TensorShape([None, h.shape[-1]]),
+                        infer_shape=False,
+                    ),
+                    tf.TensorArray(
+                        tf.float32,
+                        size=blocks,
+                        element_shape=tf.TensorShape([None]),
+                        infer_shape=False,
+                    ),
                 ],
                 shape_invariants=[
                     tf.TensorShape([]),
+                    h.shape,
                     tf.TensorShape(None),
-                    w.shape,
-                    b.shape,
+                    tf.TensorShape(None),
                 ],
                 parallel_iterations=1,
             )
-            dh = tf.reshape(dh_ta.concat(), tf.shape(h))
-            return dh, tf.cast(dw, w.dtype), tf.cast(db, b.dtype)
+            dw = dw_ta.concat()
+            if not transpose:
+                dw = tf.transpose(dw)
+            dw = tf.ensure_shape(dw, w.shape)
+            db = tf.reshape(tf.cast(db_ta.concat(), b.dtype), b.shape)
+            return tf.cast(dh, h.dtype), dw, db
 
         return loss, grad
 
