@@ -162,6 +162,16 @@ def _adafactor():
     return Adafactor(1e-2)
 
 
+def _adamw8bit_kahan():
+    return AdamW8bit(
+        1e-2,
+        weight_decay=0.01,
+        block_size=64,
+        min_8bit_size=64,
+        bf16_update="kahan",
+    )
+
+
 def _sharded(stage, inner):
     def make():
         return tfmemopt.ShardedOptimizer(inner(), stage=stage)
@@ -259,6 +269,17 @@ CASES = {
         _adamw8bit,
         {"checkpointing": "auto"},
         "mixed_bfloat16",
+    ),
+    # bfloat16 weights (#25): stochastic rounding keyed by the step, and a
+    # Kahan buffer saved with the state.
+    "functional/bfloat16+adamw8bit": Case(
+        "functional", _adamw8bit, policy="bfloat16"
+    ),
+    "functional/bfloat16+adamw8bit_kahan+accumulation": Case(
+        "functional",
+        _adamw8bit_kahan,
+        {"accumulation_steps": 2},
+        "bfloat16",
     ),
     "keras/accumulating_optimizer": Case("keras", _accumulating, batch=8),
     "gpt2/auto+accumulation": Case(

@@ -41,7 +41,14 @@ def all_gather_parts(ctx, parts, replicas: int):
     """
     sizes = [int(p.shape[0]) for p in parts]
     flat = tf.concat(parts, 0) if len(parts) > 1 else parts[0]
+    dtype = flat.dtype
+    if dtype == tf.bfloat16:
+        # The gather collective takes no bfloat16: its 16 bits travel as a
+        # float16 (a copy, so every bit pattern comes back as it was).
+        flat = tf.bitcast(flat, tf.float16)
     gathered = ctx.all_gather(flat, axis=0)
+    if dtype == tf.bfloat16:
+        gathered = tf.bitcast(gathered, tf.bfloat16)
     blocks = tf.reshape(gathered, [replicas, sum(sizes)])
     out, start = [], 0
     for size in sizes:
