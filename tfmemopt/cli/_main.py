@@ -139,8 +139,40 @@ def _estimate(args) -> int:
 
 def _doctor_arguments(parser):
     parser.add_argument(
+        "model",
+        nargs="?",
+        default=None,
+        help="optional saved model (.keras) to check its precision: "
+        "16-bit outputs and softmax, loss scaling, and bfloat16 weights "
+        "whose optimizer makes no step",
+    )
+    parser.add_argument(
         "--json", action="store_true", help="print JSON instead of text"
     )
+    parser.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="a module to import first (custom layers); repeatable",
+    )
+
+
+def doctor_model(model) -> list:
+    """`check_precision`'s findings on `model` (its compiled optimizer),
+    as `{"code", "severity", "layer", "message"}` dicts."""
+    from tfmemopt.precision import check_precision
+
+    return [
+        {
+            "code": f.code,
+            "severity": f.severity,
+            "layer": f.layer,
+            "message": f.message,
+        }
+        for f in check_precision(model)
+    ]
 
 
 def doctor_report() -> dict:
@@ -254,6 +286,13 @@ def _doctor_text(report: dict) -> str:
         from tfmemopt.tuning._state_options import sharding_lines
 
         lines.extend(sharding_lines(report["sharding"]))
+    if "precision" in report:
+        lines.append(f"Precision of {report['model']}:")
+        for f in report["precision"] or [
+            {"severity": "ok", "layer": "", "message": "no findings"}
+        ]:
+            where = f" {f['layer']}:" if f["layer"] else ""
+            lines.append(f"  [{f['severity']}]{where} {f['message']}")
     if report["missing"]:
         lines.append("Missing (install for):")
         for package, why in report["missing"].items():
@@ -270,6 +309,12 @@ def _doctor_text(report: dict) -> str:
 )
 def _doctor(args) -> int:
     report = doctor_report()
+    if args.model is not None:
+        model = load_saved_model(args.model, "doctor", imports=args.imports)
+        if model is None:
+            return 2
+        report["model"] = args.model
+        report["precision"] = doctor_model(model)
     if args.json:
         print(json.dumps(report, indent=2, default=str))
     else:

@@ -20,6 +20,7 @@ from tfmemopt.precision._findings import Finding
 from tfmemopt.precision._findings import Findings
 from tfmemopt.precision._findings import pad_to_multiple
 from tfmemopt.precision._findings import walk_layers
+from tfmemopt.precision._weights_16bit import low_precision_update_findings
 
 _SOFTMAX_NAMES = ("softmax", "log_softmax")
 
@@ -79,9 +80,13 @@ def check_precision(model, optimizer=None) -> Findings:
     softmax/log-softmax computed in 16 bits (probabilities underflow);
     `float16` compute without loss scaling (small gradients flush to zero);
     compute-heavy layers pinned to float32 inside a mixed model (slower and
-    twice the activation memory, for nothing). The output layers, softmax
-    and normalisation layers may stay float32. Costs one pass over the
-    layers; runs nothing.
+    twice the activation memory, for nothing); bfloat16 (or float16)
+    weights whose optimizer makes no step or rounds it away (Keras's Adam
+    family on the `"bfloat16"` policy: `"bf16-step-lost"`; a tfmemopt
+    optimizer with `bf16_update="plain"`: `"bf16-update-lossy"`). The
+    output layers, softmax and normalisation layers may stay float32. Costs
+    one pass over the layers, and for 16-bit weights one step of a fresh
+    copy of the optimizer on two numbers.
 
     Args:
         model: A built `keras.Model`.
@@ -154,6 +159,7 @@ def check_precision(model, optimizer=None) -> Findings:
                 "scale_loss().",
             )
         )
+    findings.extend(low_precision_update_findings(model, optimizer))
     if compute & set(SIXTEEN_BIT):
         for layer in layers:
             pinned = layer.dtype_policy.name == "float32"

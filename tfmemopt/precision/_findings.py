@@ -21,8 +21,8 @@ class Finding:
 
     Args:
         code: String, what kind of finding: `"output-16bit"`,
-            `"softmax-16bit"`, `"no-loss-scaling"`, `"needless-float32"` or
-            `"alignment"`.
+            `"softmax-16bit"`, `"no-loss-scaling"`, `"needless-float32"`,
+            `"bf16-step-lost"`, `"bf16-update-lossy"` or `"alignment"`.
         severity: String, `"warning"` (numerics or a clear slowdown) or
             `"info"` (a smaller gain).
         layer: String, the layer's name (or `"<model>"`, `"<batch>"`).

@@ -23,6 +23,7 @@ from tfmemopt import memory
 from tfmemopt._utils import format_mib as _mib
 from tfmemopt.accumulation._fit_hooks import add_fit_hook
 from tfmemopt.estimate import estimate_memory
+from tfmemopt.precision._weights_16bit import low_precision_update_findings
 from tfmemopt.tuning._errors import first_line
 from tfmemopt.tuning._errors import is_oom
 from tfmemopt.tuning._planner import plan
@@ -44,6 +45,8 @@ class OOMReport:
         plan: The `Plan` that would fit, or `None` (with `plan_error`
             saying why none was made).
         plan_error: Str, why there is no plan (`""` when there is one).
+        precision: List of `Finding`: bfloat16 weights whose optimizer
+            makes no step or rounds it away (see `check_precision`).
     """
 
     error: str
@@ -53,6 +56,7 @@ class OOMReport:
     estimate: object = None
     plan: object = None
     plan_error: str = ""
+    precision: list = dataclasses.field(default_factory=list)
 
     @property
     def text(self) -> str:
@@ -76,6 +80,8 @@ class OOMReport:
             lines.extend("    " + s for s in str(self.plan).splitlines())
         elif self.plan_error:
             lines.append(f"  no plan: {self.plan_error}")
+        for finding in self.precision:
+            lines.append(f"  precision: {finding.message}")
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -123,6 +129,13 @@ def build_report(
         report.device_memory = memory.device_memory(device)
     except Exception:  # noqa: BLE001
         report.device_memory = None
+    if model is not None:
+        try:
+            report.precision = low_precision_update_findings(
+                model, getattr(model, "optimizer", None)
+            )
+        except Exception:  # noqa: BLE001
+            report.precision = []
     if model is None or batch_size is None:
         missing = "model" if model is None else "batch size"
         report.plan_error = (
