@@ -129,7 +129,7 @@ def part_memory(ctx):
     width = ctx.size(4096, 512)
     model = mlp(ctx.size(1024, 64), [width] * 2)
     model.compile(keras.optimizers.Adam(1e-4), loss())
-    batch, steps = ctx.size(2048, 256), ctx.size(8, 2)
+    batch, steps = ctx.size(1024, 256), ctx.size(4, 2)
     x, y = data(batch * steps, model.input_shape[-1])
     monitor = tfmemopt.callbacks.MemoryMonitor(
         devices=[dev], reset_peak="epoch", verbose=0

@@ -230,7 +230,10 @@ def run_part(name, env, args, budget, flush) -> dict:
     start, cpu = time.monotonic(), time.process_time()
 
     def alarm(signum, frame):
-        raise PartTimeout(f"killed at its budget of {budget} s")
+        raise PartTimeout(
+            f"stopped {GRACE} s past its budget of {budget:.0f} s (at the "
+            "end of the TensorFlow call then running)"
+        )
 
     hard = hasattr(signal, "SIGALRM")
     if hard:
