@@ -139,6 +139,12 @@ def test_bytes_per_parameter_of_weights_and_state():
         per_param = (_bytes(model.weights) + _bytes(opt.variables)) / params
         # 2 (weights) + 2.03 (8-bit moments) [+ 2 (Kahan buffer)]
         assert limit - 0.1 <= per_param <= limit, (mode, per_param)
+        if mode != "stochastic":
+            # estimate_memory: 2-byte weights and gradients, and the state
+            # the optimizer really keeps (Kahan buffer included)
+            est = tfmemopt.estimate_memory(model, 4, optimizer=opt)
+            assert est.parameters == est.gradients == 2 * params
+            assert est.optimizer_state == _bytes(opt.variables[2:])
 
 
 @pytest.mark.parametrize("cls", [Adam8bit, AdamW8bit, Adafactor])

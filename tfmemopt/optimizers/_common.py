@@ -280,6 +280,18 @@ class StateOptimizer(keras.optimizers.Optimizer):
     def _add_state(self, variable, prefix) -> None:
         raise NotImplementedError
 
+    def write_state_bytes(self, shape, dtype="float32") -> int:
+        """Bytes the weight write keeps for a variable of `shape` and
+        `dtype`: its Kahan buffer (the variable's own size) with
+        `bf16_update="kahan"` on a 16-bit variable, else 0."""
+        dtype = tf.as_dtype(keras.backend.standardize_dtype(dtype))
+        if lp.mode_for(self.bf16_update, dtype) != "kahan":
+            return 0
+        size = 1
+        for d in shape:
+            size *= int(d)
+        return size * dtype.size
+
     def _kahan_variables(self) -> list:
         return [k for k in self._low.kahan if k is not None]
 

@@ -190,7 +190,9 @@ class Adafactor(_common.StateOptimizer):
     def variable_state_bytes(self, shape, dtype="float32") -> int:
         """Bytes of state for a variable of `shape` (EMA copies aside): row
         and column means for rank >= 2, else a full second moment; plus a
-        float32 first moment with `beta_1`. Used by `estimate_memory`."""
+        float32 first moment with `beta_1`; a Kahan buffer with
+        `bf16_update="kahan"` on a 16-bit `dtype`. Used by
+        `estimate_memory`."""
         shape = tuple(int(d) for d in shape)
         size = math.prod(shape)
         if len(shape) >= 2:
@@ -198,7 +200,7 @@ class Adafactor(_common.StateOptimizer):
         else:
             second = size
         first = size if self.beta_1 is not None else 0
-        return 4 * (second + first)
+        return 4 * (second + first) + self.write_state_bytes(shape, dtype)
 
     @staticmethod
     def _rms(x):

@@ -221,12 +221,15 @@ class Adam8bit(_common.StateOptimizer):
     def variable_state_bytes(self, shape, dtype="float32") -> int:
         """Bytes of moments this optimizer keeps for a variable of `shape`
         (EMA copies aside): codes and scales, or float32 moments below
-        `min_8bit_size`. Used by `tfmemopt.estimate_memory`."""
+        `min_8bit_size`, and a Kahan buffer (`bf16_update="kahan"`, 16-bit
+        `dtype`). Used by `tfmemopt.estimate_memory`."""
         size = _size(shape)
         slots = len(self._slot_names)
+        write = self.write_state_bytes(shape, dtype)
         if self.uses_8bit(shape):
-            return slots * (size + 4 * q.num_blocks(size, self.block_size))
-        return slots * 4 * size
+            blocks = q.num_blocks(size, self.block_size)
+            return slots * (size + 4 * blocks) + write
+        return slots * 4 * size + write
 
     # -- tfmemopt.ShardedOptimizer ------------------------------------------
 
