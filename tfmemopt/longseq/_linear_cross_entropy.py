@@ -136,9 +136,17 @@ def _chunked(h, w, b, y, rows, transpose, with_bias):
                 if with_bias:
                     logits = logits + b[start : start + cols]
                 logits = tf.cast(logits, tf.float32)
-                width = tf.shape(logits)[1]
-                d = tf.exp(logits - lse[:, None])
-                d = (d - tf.one_hot(y - start, width, dtype=tf.float32)) * up
+                d = tf.exp(logits - lse[:, None]) * up
+                # Minus the upstream gradient at each label in this block.
+                inside = tf.where(
+                    tf.logical_and(y >= start, y < start + tf.shape(d)[1])
+                )[:, 0]
+                inside = tf.cast(inside, tf.int32)
+                d = tf.tensor_scatter_nd_sub(
+                    d,
+                    tf.stack([inside, tf.gather(y, inside) - start], axis=1),
+                    tf.gather(up[:, 0], inside),
+                )
                 d_c = tf.cast(d, w.dtype)
                 dh = dh + tf.cast(
                     tf.matmul(d_c, w_blk, transpose_b=not transpose),
@@ -147,7 +155,8 @@ def _chunked(h, w, b, y, rows, transpose, with_bias):
                 # (block, D) rows of the kernel's gradient, transposed back
                 # at the end for a (D, V) kernel.
                 dw_ta = dw_ta.write(j, tf.matmul(d_c, h, transpose_a=True))
-                db_ta = db_ta.write(j, tf.reduce_sum(d, axis=0))
+                if with_bias:
+                    db_ta = db_ta.write(j, tf.reduce_sum(d, axis=0))
                 return j + 1, dh, dw_ta, db_ta
 
             _, dh, dw_ta, db_ta = tf.while_loop(
@@ -181,7 +190,10 @@ def _chunked(h, w, b, y, rows, transpose, with_bias):
             if not transpose:
                 dw = tf.transpose(dw)
             dw = tf.ensure_shape(dw, w.shape)
-            db = tf.reshape(tf.cast(db_ta.concat(), b.dtype), b.shape)
+            if with_bias:
+                db = tf.reshape(tf.cast(db_ta.concat(), b.dtype), b.shape)
+            else:
+                db = tf.zeros_like(b)
             return tf.cast(dh, h.dtype), dw, db
 
         return loss, grad
