@@ -326,7 +326,7 @@ def part_estimator(ctx):
         del model
     if errors:
         ctx.figure(
-            "estimator: median |error| over these cases",
+            "estimator: median absolute error over these cases",
             round(statistics.median(errors), 1),
             "%",
             cpu=(

@@ -484,8 +484,9 @@ def markdown(report: dict) -> str:
             src = f" ({f['cpu_source'][0]})" if f.get("cpu_source") else ""
             cpu = f"{f['cpu']}{src}" if f.get("cpu") else "-"
             note = str(f.get("note") or "").replace("|", "/")
+            figure = str(f["figure"]).replace("|", "/")
             lines.append(
-                f"| {name} | {f['figure']} | {_cell(f['value'], f['unit'])} "
+                f"| {name} | {figure} | {_cell(f['value'], f['unit'])} "
                 f"| {cpu} | {note} |"
             )
     return "\n".join(lines) + "\n"
