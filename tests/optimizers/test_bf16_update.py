@@ -40,6 +40,18 @@ def test_stochastic_rounding_is_unbiased_and_picks_a_neighbour():
     c = lp.random16(lp.stream_key(7, 3, 3), tf.range(64)).numpy()
     assert 0 <= a.min() and a.max() < 65536 and len(set(a)) > 60
     assert (a != b).mean() > 0.9 and (a != c).mean() > 0.9
+    # the XLA-compiled write equals the plain ops, bit for bit
+    rng = np.random.default_rng(0)
+    w = tf.cast(rng.normal(size=(37, 19)), tf.bfloat16)
+    delta = tf.constant(rng.normal(size=(37, 19)) * 1e-3, tf.float32)
+    comp = tf.cast(rng.normal(size=(37, 19)) * 1e-3, tf.bfloat16)
+    ids = tf.reshape(tf.range(5, 5 + 37 * 19), (37, 19))
+    for mode in lp.MODES:
+        plain = lp.new_weight(mode, w, delta, comp, key, ids)
+        xla = lp.compiled_new_weight(mode)(w, delta, comp, key, 5)
+        np.testing.assert_array_equal(plain[0], xla[0])
+        if mode == "kahan":
+            np.testing.assert_array_equal(plain[1], xla[1])
 
 
 def _run(make, dtype, grad, w0=1.0, steps=60, shape=(4096,)):

@@ -337,8 +337,9 @@ class StateOptimizer(keras.optimizers.Optimizer):
         if kahan is not None:
             kahan = local(kahan, getattr(target, "device", "") or "")
             comp = tf.convert_to_tensor(kahan)
-        ids = self._element_ids(variable, tuple(w.shape))
+        ids = None
         if rows is not None:
+            ids = self._element_ids(variable, tuple(w.shape))
             w = tf.gather(w, rows)
             ids = tf.gather(ids, rows)
             comp = None if comp is None else tf.gather(comp, rows)
@@ -350,7 +351,17 @@ class StateOptimizer(keras.optimizers.Optimizer):
         if decay is not None:
             delta = delta + decay
         key = lp.stream_key(self.bf16_seed, self.iterations + 1, index)
-        new, new_comp = lp.new_weight(mode, w, delta, comp, key, ids)
+        if rows is None:
+            new, new_comp = lp.compiled_new_weight(mode)(
+                w,
+                delta,
+                w if comp is None else comp,
+                key,
+                tf.constant(self._element_offset(variable), tf.int32),
+            )
+            new_comp = None if comp is None else new_comp
+        else:
+            new, new_comp = lp.new_weight(mode, w, delta, comp, key, ids)
         if rows is None:
             writes = [target.assign(new, read_value=False)]
             if new_comp is not None:
@@ -366,13 +377,18 @@ class StateOptimizer(keras.optimizers.Optimizer):
         return writes
 
     @staticmethod
-    def _element_ids(variable, shape):
-        """Each element's index in the whole parameter (a `ShardedOptimizer`
-        partition starts at its `element_offset`), for the rounding bits."""
+    def _element_offset(variable) -> int:
+        """Where `variable` starts in the whole parameter: 0, or a
+        `ShardedOptimizer` partition's `element_offset`. The rounding bits
+        are drawn per element of the whole parameter."""
+        return int(getattr(variable, "element_offset", 0))
+
+    def _element_ids(self, variable, shape):
+        """Each element's index in the whole parameter."""
         size = 1
         for d in shape:
             size *= int(d)
-        start = int(getattr(variable, "element_offset", 0))
+        start = self._element_offset(variable)
         return tf.reshape(tf.range(start, start + size), shape)
 
     def update_step(self, gradient, variable, learning_rate):
