@@ -107,6 +107,72 @@ def rel(a, b, w0):
     return max(float(np.max(np.abs(p - q))) for p, q in zip(a, b)) / change
 """
 
+CHECKPOINTS = """
+import os
+D = os.environ["CKPT_DIR"]
+
+
+def fit(m, epochs, **kwargs):
+    m.fit(X, Y, batch_size=16, epochs=epochs, shuffle=False, verbose=0,
+          **kwargs)
+    return [np.array(w) for w in m.get_weights()]
+
+
+def save_and_continue(m, w2):
+    # After 2 epochs of AdamW8bit (whole blocks per replica; Keras does not
+    # save `exclude_from_weight_decay`, so not the AdamW case): every way to
+    # save, then 2 epochs more (the uninterrupted run to equal).
+    m.save(f"{D}/m.keras")
+    m.save_weights(f"{D}/m.weights.h5")
+    ref = fit(m, 2)
+    np.savez(f"{D}/ref.npz", *ref, *w2)
+
+
+def resume_gap(w, n=None):
+    saved = np.load(f"{D}/ref.npz")
+    arrays = [saved[f"arr_{i}"] for i in range(len(saved.files))]
+    ref, w2 = arrays[: len(arrays) // 2], arrays[len(arrays) // 2 :]
+    update = max(float(np.max(np.abs(a - b))) for a, b in zip(ref, w2))
+    return max(float(np.max(np.abs(a - b))) for a, b in zip(w, ref)) / update
+
+
+def resumed_runs(strategy):
+    out = {}
+    with strategy.scope():
+        m = keras.saving.load_model(f"{D}/m.keras")
+    out["keras"] = resume_gap(fit(m, 2))
+    out["keras_sharded"] = m._shards is not None
+    with strategy.scope():
+        m = make_model(True)
+        m.compile(optimizer=OPTS["adamw8bit"](m), loss="mse")
+    if not m.optimizer.built:  # unsharded: Keras builds it on first use
+        m.optimizer.build(m.trainable_variables)
+    m.load_weights(f"{D}/m.weights.h5")
+    out["save_weights"] = resume_gap(fit(m, 2))
+    return out
+
+
+class Stop(keras.callbacks.Callback):
+    def on_epoch_begin(self, epoch, logs=None):
+        if epoch == 2:
+            raise RuntimeError("interrupted")
+
+
+def backup_and_restore(strategy):
+    backup = f"{D}/backup"
+    for interrupt in (True, False):
+        keras.utils.set_random_seed(0)
+        with strategy.scope():
+            m = make_model(True)
+            m.compile(optimizer=OPTS["adamw8bit"](m), loss="mse")
+        callbacks = [keras.callbacks.BackupAndRestore(backup)]
+        try:
+            w = fit(m, 4, callbacks=callbacks + [Stop()] * interrupt)
+        except RuntimeError:
+            pass
+    return resume_gap(w)
+"""
+
 ITEM1 = """
 out = {}
 for name in OPTS:
@@ -116,6 +182,8 @@ for name in OPTS:
     shapes = [list(x.shape) for x in a]
     shard_shapes = [list(v.shape) for v in ms.trainable_variables]
     whole_shapes = [list(v.shape) for v in ms.trainable_weights]
+    if name == "adamw8bit":
+        save_and_continue(ms, a)
     # set_weights takes whole arrays; get_weights gives them back.
     ms.set_weights([x + 1.0 for x in a])
     set_ok = all(np.array_equal(x + 1.0, y)
@@ -139,6 +207,32 @@ out["one_device"] = {
     "same_variables": [id(v) for v in m1.trainable_variables]
     == [id(v) for v in m1.trainable_weights],
 }
+# Checkpoints written at R=2 after 2 epochs, resumed for 2 more.
+out["resume"] = resumed_runs(STRATEGY)
+out["resume"]["backup_and_restore"] = backup_and_restore(STRATEGY)
+out["resume_one_device"] = resumed_runs(ONE)
+emit(out)
+"""
+
+AT_FOUR = """
+out = {}
+# The R=2 checkpoint resumed at R=4.
+out["resume"] = resumed_runs(STRATEGY)
+# Bytes of every live variable once built, Adam and AdamW8bit.
+for name, make_opt in (("adam", lambda m: keras.optimizers.Adam(1e-3)),
+                       ("adamw8bit", OPTS["adamw8bit"])):
+    row = {}
+    for shard in (True, False):
+        before = live_bytes()
+        with STRATEGY.scope():
+            m = make_model(shard)
+            m.compile(optimizer=make_opt(m), loss="mse")
+            if not shard:
+                m.optimizer.build(m.trainable_variables)
+        after = live_bytes()
+        row[str(shard)] = {d: n - before.get(d, 0) for d, n in after.items()}
+        del m
+    out[name] = row
 emit(out)
 """
 
@@ -147,10 +241,21 @@ def _device_bytes(table):
     return {d: n for d, n in table.items() if "CPU" in d}
 
 
-def test_shard_parameters_two_replicas():
-    out = run_in_subprocess(COMMON + ITEM1, n_cpus=2)
+def test_shard_parameters_two_then_four_replicas(tmp_path):
+    env = {"CKPT_DIR": str(tmp_path)}
+    out = run_in_subprocess(COMMON + CHECKPOINTS + ITEM1, n_cpus=2, env=env)
     one = out.pop("one_device")
     assert one["equal"] and one["same_variables"], one
+    # Whole weights and state in the unwrapped order: resumed at R=2
+    # exactly, and with no strategy (unsharded) within the all-reduce floor.
+    resume = out.pop("resume")
+    assert resume.pop("keras_sharded") is True
+    for way, gap in resume.items():
+        assert gap <= 1e-6, (way, resume)
+    alone = out.pop("resume_one_device")
+    assert alone.pop("keras_sharded") is False
+    for way, gap in alone.items():
+        assert gap <= 1e-5, (way, alone)
     for name, r in out.items():
         # As close to one device as Keras's own optimizer under the
         # strategy (floor measured here; all-reduce order).
@@ -168,6 +273,18 @@ def test_shard_parameters_two_replicas():
         assert len(sharded) == 2, r
         for device, nbytes in sharded.items():
             assert nbytes <= plain[device] * (0.5 + 0.02), (name, device, r)
+    four = run_in_subprocess(COMMON + CHECKPOINTS + AT_FOUR, n_cpus=4, env=env)
+    resume = four.pop("resume")
+    assert resume.pop("keras_sharded") is True
+    for way, gap in resume.items():
+        assert gap <= 1e-5, (way, resume)
+    for name, row in four.items():
+        sharded = _device_bytes(row["True"])
+        plain = _device_bytes(row["False"])
+        assert len(sharded) == 4, row
+        for device, nbytes in sharded.items():
+            assert nbytes <= plain[device] * (0.25 + 0.02), (name, row)
+    print(out, four)
 
 
 def test_shard_parameters_keyword_checked():
