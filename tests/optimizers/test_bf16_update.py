@@ -236,3 +236,45 @@ def test_composes_with_accumulation_and_jit():
         assert iterations == 6, name  # once per batch of 32
         assert loss[-1] < loss[0] - 0.02, (name, loss)
         assert loss[-1] == pytest.approx(results["plain"][0][-1], rel=0.05)
+
+
+def test_kahan_buffers_saved_relaid_dropped_or_started_at_zero():
+    rng = np.random.default_rng(0)
+    w = keras.Variable(rng.normal(size=(64, 32)), dtype="bfloat16")
+
+    def trained(**kwargs):
+        opt = AdamW8bit(1e-3, min_8bit_size=0, block_size=64, **kwargs)
+        opt.build([w])
+        for _ in range(3):
+            opt.apply_gradients([(keras.ops.ones((64, 32), "bfloat16"), w)])
+        return opt
+
+    def kahan(opt):
+        out = [v for v in opt.variables if v.name.endswith("kahan")]
+        return np.asarray(keras.ops.cast(out[0], "float32")) if out else None
+
+    saved = trained(bf16_update="kahan")
+    store = {}
+    saved.save_own_variables(store)
+    assert store["tfmemopt_layout"].tolist() == [64, 0, 2, 1]
+    assert np.abs(kahan(saved)).max() > 0
+    # another block size: moments re-encoded, the buffer kept as it was
+    other = AdamW8bit(1e-3, min_8bit_size=0, block_size=32, bf16_update="kahan")
+    other.build([w])
+    other.load_own_variables(store)
+    np.testing.assert_array_equal(kahan(other), kahan(saved))
+    # without a buffer: it is dropped, the rest loads (same block size)
+    plain = AdamW8bit(1e-3, min_8bit_size=0, block_size=64)
+    plain.build([w])
+    plain.load_own_variables(store)
+    assert kahan(plain) is None
+    np.testing.assert_array_equal(
+        np.asarray(plain.variables[2]), np.asarray(saved.variables[2])
+    )
+    # a state saved without buffers: they start at zero
+    store = {}
+    trained().save_own_variables(store)
+    fresh = AdamW8bit(1e-3, min_8bit_size=0, block_size=64, bf16_update="kahan")
+    fresh.build([w])
+    fresh.load_own_variables(store)
+    assert not np.any(kahan(fresh))
