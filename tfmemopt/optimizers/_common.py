@@ -310,13 +310,15 @@ class StateOptimizer(keras.optimizers.Optimizer):
             [v for v in variables if not self.folds_weight_decay(v)]
         )
 
-    def _decay(self, variable, w32):
+    def _decay(self, variable):
+        """`(weight_decay, learning_rate)` as float32 scalars where Keras
+        would decay `variable`, else None."""
         if self.weight_decay is None or not _compat.uses_weight_decay(
             self, variable
         ):
             return None
         rate = tf.cast(self.learning_rate, tf.float32)
-        return w32 * tf.cast(self.weight_decay, tf.float32) * rate
+        return tf.cast(self.weight_decay, tf.float32), rate
 
     def _write_weight(self, variable, target, index, delta, ok=None, rows=None):
         """Subtracts the float32 `delta` from the weight, where `ok` (a
@@ -347,21 +349,21 @@ class StateOptimizer(keras.optimizers.Optimizer):
         if ok is not None:
             delta = tf.where(ok, delta, tf.zeros([], tf.float32))
         # As Keras's decay, applied also when the step is skipped.
-        decay = self._decay(variable, tf.cast(w, tf.float32))
-        if decay is not None:
-            delta = delta + decay
+        decay = self._decay(variable)
         key = lp.stream_key(self.bf16_seed, self.iterations + 1, index)
         if rows is None:
-            new, new_comp = lp.compiled_new_weight(mode)(
+            zero = tf.zeros([], tf.float32)
+            out = lp.compiled_new_weight(mode, decay is not None)(
                 w,
                 delta,
                 w if comp is None else comp,
                 key,
                 tf.constant(self._element_offset(variable), tf.int32),
+                decay or (zero, zero),
             )
-            new_comp = None if comp is None else new_comp
+            new, new_comp = out if comp is not None else (out, None)
         else:
-            new, new_comp = lp.new_weight(mode, w, delta, comp, key, ids)
+            new, new_comp = lp.new_weight(mode, w, delta, comp, key, ids, decay)
         if rows is None:
             writes = [target.assign(new, read_value=False)]
             if new_comp is not None:

@@ -94,15 +94,21 @@ def stochastic_round_bf16(x, bits16):
     return tf.cast(tf.bitcast(raw, tf.float32), tf.bfloat16)
 
 
-def new_weight(mode, w, delta, comp=None, key=None, element_ids=None):
-    """The weight `w` (low precision) after subtracting float32 `delta`,
-    and the new compensation (mode "kahan", else None).
+def new_weight(
+    mode, w, delta, comp=None, key=None, element_ids=None, decay=None
+):
+    """The weight `w` (low precision) after subtracting float32 `delta`
+    (and `w * weight_decay * learning_rate` with `decay`, a pair of float32
+    scalars, as Keras's decay), and the new compensation (mode "kahan",
+    else None).
 
     "kahan": `u = comp - delta` is added to `w` and rounded to nearest;
     what that rounding lost, `u - (new - w)`, is the new compensation
     (the difference of two nearby weights is exact in float32).
     """
     w32 = tf.cast(w, tf.float32)
+    if decay is not None:
+        delta = delta + w32 * decay[0] * decay[1]
     if mode == "kahan":
         u = tf.cast(comp, tf.float32) - delta
         new = tf.cast(w32 + u, w.dtype)
@@ -115,19 +121,27 @@ def new_weight(mode, w, delta, comp=None, key=None, element_ids=None):
 
 
 @functools.lru_cache(maxsize=None)
-def compiled_new_weight(mode: str):
+def compiled_new_weight(mode: str, decays: bool = False):
     """`new_weight` for a whole weight as one XLA-compiled function
-    `step(w, delta, comp, key, offset)` (the element indices made inside,
+    `step(w, delta, comp, key, offset)`, returning the new weight (and the
+    new compensation with "kahan"; the element indices are made inside,
     from `offset`): its 10-25 element-wise ops fuse into one loop instead
-    of one kernel each. Integer hashing and single float32 additions round
-    the same in XLA, so the plain and compiled results are equal."""
+    of one kernel each, and the weight decay's float32 temporaries (three
+    weight-sized tensors as plain ops) are never made. Integer hashing and
+    single float32 additions round the same in XLA, so without decay the
+    plain and compiled results are equal (with it, XLA may fuse the decay's
+    multiply-add: one rounding less)."""
 
-    def step(w, delta, comp, key, offset):
+    def step(w, delta, comp, key, offset, decay):
         ids = None
         if mode == "stochastic":
             size = tf.size(w, out_type=tf.int32)
             ids = tf.reshape(tf.range(size) + offset, tf.shape(w))
-        new, new_comp = new_weight(mode, w, delta, comp, key, ids)
-        return new, (new if new_comp is None else new_comp)
+        new, new_comp = new_weight(
+            mode, w, delta, comp, key, ids, decay if decays else None
+        )
+        # One output without a buffer: a second weight-sized result would
+        # be one more allocation at the update's peak.
+        return new if new_comp is None else (new, new_comp)
 
     return tf.function(step, jit_compile=True, autograph=False)
