@@ -9,6 +9,7 @@ import tfmemopt
 from tfmemopt.optimizers import Adafactor
 from tfmemopt.optimizers import Adam8bit
 from tfmemopt.optimizers import AdamW8bit
+from tfmemopt.tuning._planner import MARGIN
 
 
 def model():
@@ -82,10 +83,10 @@ def test_oom_report_names_them():
     m.compile(keras.optimizers.Adam(), "mse")
     est = tfmemopt.estimate_memory(m, 16)
     est8 = tfmemopt.estimate_memory(m, 16, optimizer=Adam8bit())
-    # A budget the 8-bit step fits with the planner's 15% margin and Adam's
+    # A budget the 8-bit step fits with the planner's margin and Adam's
     # step (whose activations are tiny: accumulation cannot help) does not.
-    budget = int(est8.total / 0.85 * 1.05)
-    assert est.total > 0.85 * budget, (est.total, budget)
+    budget = int(est8.total / (1 - MARGIN) * 1.05)
+    assert est.total > (1 - MARGIN) * budget, (est.total, budget)
     report = build_report(
         RuntimeError("OOM when allocating tensor"), m, 16, budget, "CPU:0"
     )

@@ -13,6 +13,7 @@ import tfmemopt
 from tfmemopt.tuning._oom import OutOfMemoryError
 from tfmemopt.tuning._oom import fit_batch_size
 from tfmemopt.tuning._oom import is_oom
+from tfmemopt.tuning._planner import MARGIN
 
 
 class OOMAtRuntime(keras.layers.Layer):
@@ -82,7 +83,7 @@ def test_oom_report_around_keras_fit_plans_what_fits():
     full = tfmemopt.estimate_memory(model, 64)
     state = full.parameters + full.gradients + full.optimizer_state
     # Below the whole batch's estimate, above what the plan's margin
-    # (0.15 of the budget) leaves for a split batch.
+    # (MARGIN of the budget) leaves for a split batch.
     budget = state + 3 * (full.total - state) // 4
     with pytest.raises(OutOfMemoryError) as e:
         with tfmemopt.oom_report(model, batch_size=64, memory_budget=budget):
@@ -93,7 +94,7 @@ def test_oom_report_around_keras_fit_plans_what_fits():
     assert plan.global_batch_size == 64
     assert plan.micro_batch_size * plan.accumulation_steps == 64
     assert plan.accumulation_steps > 1
-    assert plan.estimated_peak <= 0.85 * budget < full.total
+    assert plan.estimated_peak <= (1 - MARGIN) * budget < full.total
     assert "plan that would fit" in str(e.value)
     assert "accumulation_steps=" in str(e.value)
     assert e.value.__cause__ is not None  # raised from TensorFlow's error

@@ -4,6 +4,8 @@ OOM report says so (estimator only: no multi-device run needed)."""
 
 from __future__ import annotations
 
+import inspect
+
 import keras
 import numpy as np
 import pytest
@@ -14,7 +16,7 @@ from tfmemopt.optimizers import Adam8bit
 from tfmemopt.optimizers import AdamW8bit
 from tfmemopt.tuning._oom import build_report
 
-MARGIN = 0.15
+MARGIN = inspect.signature(tfmemopt.plan).parameters["margin"].default
 
 
 def mlp(optimizer):
@@ -63,7 +65,9 @@ def test_plan_switches_to_8bit_when_the_adam_state_does_not_fit(
     adam = tfmemopt.estimate_memory(model, 8)
     eight = tfmemopt.estimate_memory(model, 8, optimizer=cls())
     budget = budget_for(eight.total)
-    assert state(adam) > budget  # Adam's state alone does not fit
+    # Adam's state alone does not fit in what the margin leaves: no split
+    # of the batch can help.
+    assert state(adam) > budget * (1 - MARGIN)
     p = tfmemopt.plan(model, 8, budget, replicas=1)
     assert p.optimizer == twin and p.sharding is None
     assert p.estimated_peak <= budget * (1 - MARGIN)
@@ -223,7 +227,7 @@ with strategy.scope():
     m.compile(optimizer=keras.optimizers.AdamW(1e-3), loss="mse")
 sharded = tfmemopt.ShardedOptimizer(keras.optimizers.AdamW())
 est = tfmemopt.estimate_memory(m, 8, optimizer=sharded, replicas=2)
-p = tfmemopt.plan(m, 8, int(est.total * 1.02 / 0.85))  # outside the scope
+p = tfmemopt.plan(m, 8, int(est.total * 1.02 / 0.75))  # outside the scope
 assert p.replicas == 2 and p.sharding == 1, p
 with strategy.scope():
     a = p.apply(m)

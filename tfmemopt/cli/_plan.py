@@ -207,8 +207,9 @@ def _plan_arguments(parser):
     parser.add_argument(
         "--margin",
         type=float,
-        default=0.15,
-        help="fraction of the budget kept free for the estimator's error",
+        default=None,
+        help="fraction of the budget kept free for the estimator's error "
+        "(default: tfmemopt.plan's, 0.25; docs/estimator.md says why)",
     )
     parser.add_argument(
         "--allow",
@@ -243,6 +244,7 @@ def _plan(args) -> int:
     if isinstance(loaded, int):
         return loaded
     sizes, model = loaded
+    from tfmemopt.tuning._planner import MARGIN
     from tfmemopt.tuning._planner import plan
 
     try:
@@ -254,7 +256,7 @@ def _plan(args) -> int:
             allow=allow,
             replicas=args.replicas,
             multiple_of=args.multiple_of,
-            margin=args.margin,
+            margin=MARGIN if args.margin is None else args.margin,
         )
     except (ValueError, TypeError) as e:
         return bad_input("plan", e)
