@@ -39,15 +39,16 @@ class Scale(keras.layers.Layer):
         return x * self.w
 
 
-def make_model(shard, wrap=False):
+def make_model(shard, wrap=False, checkpointing=None):
     inp = keras.Input((37,))
-    h = keras.layers.Dense(61, activation="tanh")(inp)
-    h = keras.layers.Dense(130, activation="tanh")(h)
-    out = Scale()(keras.layers.Dense(5)(h))
+    h = keras.layers.Dense(61, activation="tanh", name="d1")(inp)
+    h = keras.layers.Dense(130, activation="tanh", name="d2")(h)
+    out = Scale()(keras.layers.Dense(5, name="d3")(h))
     if wrap:
         return tfmemopt.Model.wrap(
             keras.Model(inp, out), shard_parameters=shard)
-    return tfmemopt.Model(inp, out, shard_parameters=shard)
+    return tfmemopt.Model(inp, out, shard_parameters=shard,
+                          checkpointing=checkpointing)
 
 
 def adamw(model):
@@ -206,6 +207,16 @@ for name in OPTS:
     }
     if name == "adamw8bit":
         save_and_continue(ms, a)
+    if name == "adamw":
+        # predict and evaluate gather too: the same outputs and loss as a
+        # model with these whole weights on one device.
+        plain = make_model(False)
+        plain.compile(loss="mse")
+        plain.set_weights(a)
+        row["predict"] = float(np.max(np.abs(
+            ms.predict(X, verbose=0) - plain.predict(X, verbose=0))))
+        row["evaluate"] = abs(
+            ms.evaluate(X, Y, verbose=0) - plain.evaluate(X, Y, verbose=0))
     # set_weights takes whole arrays; get_weights gives them back.
     ms.set_weights([x + 1.0 for x in a])
     row["set_ok"] = all(
@@ -227,6 +238,25 @@ for name in OPTS:
     elif name == "adamw8bit":
         row["bytes_plain"] = built_bytes(name, False)
     out[name] = row
+# Activation checkpointing: the recompute in the backward pass gathers
+# the checkpointed layer's weights again (counted while the step traces).
+from tfmemopt.distribute import _param_shard
+gathers = {}
+_gather = _param_shard.ShardedValue.whole_from_part
+def counting(self, part):
+    gathers[self.name] = gathers.get(self.name, 0) + 1
+    return _gather(self, part)
+_param_shard.ShardedValue.whole_from_part = counting
+w = {}
+for shard in (True, False):
+    keras.utils.set_random_seed(0)
+    with STRATEGY.scope():
+        m = make_model(shard, checkpointing=["d2"])
+        m.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse")
+    w[shard] = fit(m, 2)
+_param_shard.ShardedValue.whole_from_part = _gather
+out["checkpointing"] = {
+    "gathers": gathers, "vs_unsharded": rel(w[True], w[False], w0)}
 # Checkpoints written at R=2 after 2 epochs, resumed for 2 more: at R=2
 # by BackupAndRestore (save_weights / load_weights), with no strategy
 # from the .keras file (and at R=4 in the other subprocess).
@@ -297,7 +327,16 @@ def test_shard_parameters_two_then_four_replicas(tmp_path):
     assert alone.pop("keras_sharded") is False
     for way, gap in alone.items():
         assert gap <= 1e-5, (way, alone)
+    ckpt = out.pop("checkpointing")
+    gathers = ckpt["gathers"]
+    # d2 is checkpointed: gathered in the forward pass and in the recompute;
+    # d3 is not: gathered once (per replica).
+    assert gathers["d2/kernel"] == 2 * gathers["d3/kernel"] == 4, ckpt
+    assert gathers["d2/bias"] == 2 * gathers["d3/bias"] == 4, ckpt
+    assert ckpt["vs_unsharded"] <= 1e-6, ckpt
     floor = out["adamw"]["keras_floor"]
+    assert out["adamw"]["predict"] <= 1e-5, out["adamw"]
+    assert out["adamw"]["evaluate"] <= 1e-5, out["adamw"]
     for name, r in out.items():
         # As close to one device as Keras's own optimizer under the
         # strategy (floor measured here; all-reduce order).

@@ -35,14 +35,18 @@ import tensorflow as tf
 _local = threading.local()
 
 
-def _mapping_stack() -> list[dict[int, tf.Tensor]]:
+def _mapping_stack() -> list[dict[int, tuple]]:
     if not hasattr(_local, "stack"):
         _local.stack = []
     return _local.stack
 
 
-def _read(variable) -> tf.Tensor:
-    """The variable's stored value, never autocast, honouring nesting."""
+def _read(variable) -> tuple:
+    """`(tensor, is_part)`: the variable's stored value, never autocast,
+    honouring nesting; or, for a weight sharded across replicas
+    (`shard_parameters=True`), this replica's part, which the segment
+    gathers inside, in the forward pass and again in the recompute, so that
+    no whole copy waits for the backward pass."""
     for mapping in reversed(_mapping_stack()):
         if id(variable) in mapping:
             return mapping[id(variable)]
@@ -51,7 +55,11 @@ def _read(variable) -> tf.Tensor:
     stored = getattr(variable, "_value", None)
     if stored is None:
         stored = variable.value
-    return tf.convert_to_tensor(stored)
+    local_part = getattr(stored, "local_part", None)
+    part = local_part() if local_part is not None else None
+    if part is not None:
+        return part, True
+    return tf.convert_to_tensor(stored), False
 
 
 def _is_tensor(x) -> bool:
@@ -132,7 +140,9 @@ def checkpoint_call(
     where = [i for i, x in enumerate(flat) if _is_tensor(x)]
     tensors = [tf.convert_to_tensor(flat[i]) for i in where]
     variables = _unique(variables)
-    values = [_read(v) for v in variables]
+    read = [_read(v) for v in variables]
+    values = [t for t, _ in read]
+    parts = [p for _, p in read]
     n_in = len(tensors)
     out_structure = []
     updates = []
@@ -146,7 +156,7 @@ def checkpoint_call(
 
     def run(call, ts, vals):
         a, k = rebuild(ts)
-        return _run_on_values(call, a, k, variables, vals)
+        return _run_on_values(call, a, k, variables, vals, parts)
 
     @tf.custom_gradient
     def segment(*xs):
@@ -192,12 +202,19 @@ def checkpoint_call(
     return tf.nest.pack_sequence_as(out_structure[-1], flat_out)
 
 
-def _run_on_values(call, args, kwargs, variables, values):
+def _run_on_values(call, args, kwargs, variables, values, parts=None):
     """`call(*args, **kwargs)` reading `variables` as `values` (stateless).
 
+    `parts[i]`: `values[i]` is a replica's part of a sharded weight, gathered
+    here (by the weight's storage) into the whole value `call` reads.
     Returns `(output, [(variable, new value)] it assigned, losses added)`.
     """
-    mapping = {id(v): x for v, x in zip(variables, values)}
+    parts = parts or [False] * len(variables)
+    mapping = {id(v): (x, p) for v, x, p in zip(variables, values, parts)}
+    values = [
+        v._value.whole_from_part(x) if p else x
+        for v, x, p in zip(variables, values, parts)
+    ]
     _mapping_stack().append(mapping)
     try:
         with keras.StatelessScope(

@@ -57,14 +57,31 @@ class ShardedValue:
         self._unique_id = f"sharded/{name}"
 
     # -- reads ------------------------------------------------------------
+    def local_part(self):
+        """This replica's part (a tensor) inside a replica, else None.
+
+        Activation checkpointing (`checkpointing/_recompute.py`) passes the
+        part into a segment and gathers it there (`whole_from_part`), in the
+        forward pass and again in the recompute.
+        """
+        ctx = tf.distribute.get_replica_context()
+        if ctx is None or ctx.num_replicas_in_sync <= 1:
+            return None
+        return tf.convert_to_tensor(self.shard.value)
+
+    def whole_from_part(self, part):
+        """The whole weight from this replica's `part` (an all-gather)."""
+        ctx = tf.distribute.get_replica_context()
+        whole = ctx.all_gather(part, axis=0)
+        blocks = tf.reshape(whole, [self.layout.replicas, self.layout.c])
+        return self.layout.assemble(blocks)
+
     def gathered(self):
         """The whole weight: all-gathered in a replica, else assembled."""
+        part = self.local_part()
+        if part is not None:
+            return self.whole_from_part(part)
         ctx = tf.distribute.get_replica_context()
-        if ctx is not None and ctx.num_replicas_in_sync > 1:
-            local = tf.convert_to_tensor(self.shard.value)
-            whole = ctx.all_gather(local, axis=0)
-            blocks = tf.reshape(whole, [self.layout.replicas, self.layout.c])
-            return self.layout.assemble(blocks)
         if ctx is not None and not tf.distribute.in_cross_replica_context():
             # The default replica context of another (or no) strategy.
             if tf.distribute.has_strategy():
