@@ -69,9 +69,7 @@ def test_gpt2_both_options_exact_and_saved(tmp_path):
     floor = _diff(want, _update(other, x, y, sw, np.array([3, 1, 0, 2]))[1])
     size = _diff(want, before)
 
-    model = tfmemopt.Model.wrap(
-        _gpt2(), chunked_loss=True, attention="chunked", accumulation_steps=2
-    )
+    model = tfmemopt.Model.wrap(_gpt2(), chunked_loss=True, attention="chunked")
     report = model.long_sequences
     report.chunk_elements = V * 5  # 5 tokens per chunk: 10 chunks
     report.block_elements = 2 * 2 * T * 5
@@ -107,3 +105,33 @@ def test_gpt2_attention_dropout_refused_loss_alone_accepted():
         tfmemopt.Model.wrap(_gpt2(dropout=0.1), attention="chunked")
     model = tfmemopt.Model.wrap(_gpt2(dropout=0.1), chunked_loss=True)
     assert model.long_sequences.attention is None
+
+
+def test_composes_with_mixed_float16_and_checkpointing():
+    x, y, sw = _data()
+    extra = {"checkpointing": "auto"}
+
+    def update(**options):
+        keras.config.set_dtype_policy("mixed_float16")
+        try:
+            model = tfmemopt.Model.wrap(_gpt2(), **extra, **options)
+        finally:
+            keras.config.set_dtype_policy("float32")
+        # A small initial scale: the first step is not skipped as
+        # non-finite (float16 overflows at Keras's 2**15 here).
+        optimizer = keras.optimizers.LossScaleOptimizer(
+            keras.optimizers.SGD(0.5), initial_scale=2**6
+        )
+        model.compile(optimizer, _loss())
+        return model, _update(model, x, y, sw)[1]
+
+    _, want = update()
+    before = [w.numpy() for w in _gpt2().trainable_variables]
+    model, got = update(chunked_loss=True, attention="chunked")
+    assert model.long_sequences.head.endswith("token_embedding")
+    assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+    # The floor: float16's resolution (2**-10) of the whole update.
+    size = _diff(want, before)
+    floor = 2**-10 * size
+    err = _diff(want, got)
+    assert size > 1e-2 and err <= 4 * floor, (err, floor, size)
