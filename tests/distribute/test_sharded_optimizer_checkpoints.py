@@ -69,28 +69,32 @@ emit({"w0": w0, "ref": ref})
 """
 
 READ = """
-out = {}
-with STRATEGY.scope():
-    m = keras.saving.load_model(os.path.join(D, "m.keras"))
-m.save_weights(os.path.join(D, f"resaved_{R}.weights.h5"))
-out["keras"] = fit(m, 2)
-def load_weights(m):
-    # As with any Keras optimizer, the state loads into a built optimizer.
+# Read back at R=4, then on one device (the default strategy) in the same
+# process: make(), fit() and the file names read the globals R, STRATEGY.
+results = {}
+for R, STRATEGY in ((R, STRATEGY), (1, tf.distribute.get_strategy())):
+    out = results[R] = {}
     with STRATEGY.scope():
-        m.optimizer.build(m.trainable_variables)
-    m.load_weights(os.path.join(D, "m.weights.h5"))
+        m = keras.saving.load_model(os.path.join(D, "m.keras"))
+    m.save_weights(os.path.join(D, f"resaved_{R}.weights.h5"))
+    out["keras"] = fit(m, 2)
+    def load_weights(m):
+        # As with any Keras optimizer, the state loads into a built optimizer.
+        with STRATEGY.scope():
+            m.optimizer.build(m.trainable_variables)
+        m.load_weights(os.path.join(D, "m.weights.h5"))
 
-m = make()
-load_weights(m)
-out["weights"] = fit(m, 2)
-m = make()
-out["backup"] = fit(
-    m, 4, [keras.callbacks.BackupAndRestore(os.path.join(D, "backup"))])
-if R == 1:
-    m = make(sharded=False)
+    m = make()
     load_weights(m)
-    out["unwrapped_adamw"] = fit(m, 2)
-emit(out)
+    out["weights"] = fit(m, 2)
+    m = make()
+    out["backup"] = fit(
+        m, 4, [keras.callbacks.BackupAndRestore(os.path.join(D, "backup"))])
+    if R == 1:
+        m = make(sharded=False)
+        load_weights(m)
+        out["unwrapped_adamw"] = fit(m, 2)
+emit(results)
 """
 
 
@@ -109,11 +113,11 @@ def test_checkpoint_written_with_two_replicas_reads_anywhere(tmp_path):
     shapes = sorted(v.shape for v in saved.values())
     assert (37, 61) in shapes and (61, 5) in shapes
 
-    results = {}
+    # One process with 4 logical CPUs reads at R=4 and on one device.
+    read = run_in_subprocess(COMMON + READ, n_cpus=4, env=env, timeout=600)
+    results = {int(n): out for n, out in read.items()}
+    assert set(results) == {4, 1}, sorted(results)
     for n_cpus in (4, 1):
-        results[n_cpus] = run_in_subprocess(
-            COMMON + READ, n_cpus=n_cpus, env=env, timeout=600
-        )
         resaved = _optimizer_state(tmp_path / f"resaved_{n_cpus}.weights.h5")
         assert resaved.keys() == saved.keys()
         for key in saved:
