@@ -382,6 +382,7 @@ def test_replace_storage_makes_the_variable_read_and_write_it():
     variable = keras.Variable([5.0, 6.0], name="w")
     storage = _Storage()
     _compat.replace_storage(variable, storage)
+    assert _compat.storage(variable) is storage
     assert np.array_equal(keras.ops.convert_to_numpy(variable * 2.0), [2, 2])
     variable.assign([3.0, 4.0])
     assert np.array_equal(storage.assigned, [3.0, 4.0])

@@ -199,6 +199,12 @@ def replace_storage(variable, storage) -> None:
     variable._value = storage
 
 
+def storage(variable):
+    """What a `keras.Variable` stores (`_value`): its `tf.Variable` (or
+    distributed variable), never autocast, unlike `variable.value`."""
+    return variable._value
+
+
 def skip_optimizer_all_reduce(optimizer) -> None:
     """Switches off the TensorFlow optimizer's gradient all-reduce
     (`_all_reduce_sum_gradients`) and its per-replica clipping

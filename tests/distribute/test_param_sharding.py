@@ -254,9 +254,30 @@ for shard in (True, False):
         m = make_model(shard, checkpointing=["d2"])
         m.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse")
     w[shard] = fit(m, 2)
-_param_shard.ShardedValue.whole_from_part = _gather
 out["checkpointing"] = {
     "gathers": gathers, "vs_unsharded": rel(w[True], w[False], w0)}
+# mixed_float16: each weight is gathered in its layer's compute dtype; the
+# update is as close to one device as Keras's own under the strategy.
+dtypes = {}
+def recording(self, part):
+    dtypes[self.name] = part.dtype.name
+    return _gather(self, part)
+_param_shard.ShardedValue.whole_from_part = recording
+w = {}
+for strategy, shard in ((STRATEGY, True), (STRATEGY, False), (ONE, False)):
+    keras.config.set_dtype_policy("mixed_float16")
+    keras.utils.set_random_seed(0)
+    with strategy.scope():
+        m = make_model(shard)
+        m.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse")
+    keras.config.set_dtype_policy("float32")
+    w[(strategy is ONE, shard)] = fit(m, 2)
+_param_shard.ShardedValue.whole_from_part = _gather
+out["mixed_float16"] = {
+    "dtypes": dtypes,
+    "vs_one": rel(w[(False, True)], w[(True, False)], w0),
+    "keras_floor": rel(w[(False, False)], w[(True, False)], w0),
+}
 # Checkpoints written at R=2 after 2 epochs, resumed for 2 more: at R=2
 # by BackupAndRestore (save_weights / load_weights), with no strategy
 # from the .keras file (and at R=4 in the other subprocess).
@@ -334,6 +355,9 @@ def test_shard_parameters_two_then_four_replicas(tmp_path):
     assert gathers["d2/kernel"] == 2 * gathers["d3/kernel"] == 4, ckpt
     assert gathers["d2/bias"] == 2 * gathers["d3/bias"] == 4, ckpt
     assert ckpt["vs_unsharded"] <= 1e-6, ckpt
+    mixed = out.pop("mixed_float16")
+    assert set(mixed["dtypes"].values()) == {"float16"}, mixed
+    assert mixed["vs_one"] <= 1.2 * mixed["keras_floor"], mixed
     floor = out["adamw"]["keras_floor"]
     assert out["adamw"]["predict"] <= 1e-5, out["adamw"]
     assert out["adamw"]["evaluate"] <= 1e-5, out["adamw"]

@@ -90,10 +90,7 @@ class ShardedValue:
                     f"{type(self.strategy).__name__}; it cannot be read "
                     "inside another strategy's replica."
                 )
-        parts = [
-            tf.convert_to_tensor(p)
-            for p in self.strategy.experimental_local_results(self.shard.value)
-        ]
+        parts = [tf.convert_to_tensor(p) for p in _components(self.shard)]
         with tf.device(parts[0].device):
             blocks = tf.stack(parts, 0)
             return self.layout.assemble(blocks)
@@ -117,7 +114,7 @@ class ShardedValue:
             flat = np.reshape(np.asarray(value), [-1]).astype(
                 self.dtype.as_numpy_dtype
             )
-            parts = self.strategy.experimental_local_results(self.shard.value)
+            parts = _components(self.shard)
             if len(parts) != self.layout.replicas:
                 raise NotImplementedError(
                     "Assigning a sharded weight under a multi-worker "
@@ -275,7 +272,7 @@ def shard_model(model, optimizer) -> ShardSet | None:
                     name=w.name,
                     aggregation="none",
                 )
-            parts = strategy.experimental_local_results(shard.value)
+            parts = _components(shard)
             for r, part in enumerate(parts):
                 part.assign(layout.local_numpy(whole, r))
             shard.whole_shape = shape
@@ -420,9 +417,7 @@ class WholeState:
             for v in self.optimizer.variables
             if id(v) in self.partitioned
         ]
-        local = [
-            self.strategy.experimental_local_results(v.value) for v, _ in cut
-        ]
+        local = [_components(v) for v, _ in cut]
         if all(
             len(parts) == self.strategy.num_replicas_in_sync for parts in local
         ):
@@ -470,7 +465,7 @@ class WholeState:
                 continue
             _, layout = self.partitioned[id(v)]
             flat = np.reshape(np.asarray(value), [-1])
-            parts = self.strategy.experimental_local_results(v.value)
+            parts = _components(v)
             if len(parts) != layout.replicas:
                 raise NotImplementedError(
                     "Loading a sharded optimizer state under a multi-worker "
@@ -492,3 +487,14 @@ def _write_parts(parts, layout, flat) -> None:
         start, size = layout.offsets[r], layout.sizes[r]
         current[:size] = flat[start : start + size].astype(current.dtype)
         part.assign(current)
+
+
+def _components(variable) -> list:
+    """The per-device components of a distributed `keras.Variable` (all of
+    them here, whatever the current context; the local ones multi-worker)."""
+    from tfmemopt import _compat
+
+    # The stored variable: `variable.value` is cast to float16 inside a
+    # mixed-precision layer's call.
+    value = _compat.storage(variable)
+    return list(getattr(value, "values", (value,)))
