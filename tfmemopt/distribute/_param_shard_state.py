@@ -1,0 +1,156 @@
+"""A sharded model's optimizer state as whole tensors (`shard_parameters`).
+
+The user's optimizer is built on the shards (`_param_shard.py`), so each of
+its slots holds one part per replica. Saved, it writes what an unsharded
+build holds: one whole array per variable, in the same order and shapes
+(tfmemopt's 8-bit optimizers add their layout), so a checkpoint loads at
+another replica count, with no strategy, or without sharding; loaded, each
+replica keeps its part.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+from tfmemopt.distribute._shard_plan import _described_state
+from tfmemopt.distribute._shard_state import read_whole
+
+
+def build_whole_state(optimizer, inner, shard_set) -> None:
+    """Builds `optimizer` on the shards and makes it save and load its
+    state as an unsharded build's (whole tensors, same order and shapes).
+
+    Slots made from a shard (`add_variable_from_reference`) are cut like
+    it; an optimizer with blockwise state lists its cut (`shard_state`,
+    tfmemopt's 8-bit optimizers); the rest (step count, learning rate,
+    loss scale) is the same on every replica.
+    """
+    index_of = {id(s): i for i, s in enumerate(shard_set.shards)}
+    layouts = [w._value.layout for w in shard_set.originals]
+    made = {}
+    from_reference = inner.add_variable_from_reference
+
+    def recording(reference_variable, name=None, initializer="zeros"):
+        var = from_reference(
+            reference_variable, name=name, initializer=initializer
+        )
+        i = index_of.get(id(reference_variable))
+        if i is not None:
+            whole = tuple(shard_set.originals[i].shape)
+            made[id(var)] = (var, layouts[i].with_shape(whole))
+        return var
+
+    object.__setattr__(inner, "add_variable_from_reference", recording)
+    try:
+        optimizer.build(shard_set.shards)
+    finally:
+        object.__delattr__(inner, "add_variable_from_reference")
+    if hasattr(inner, "shard_state"):
+        made.update(
+            _described_state(inner, [w._value for w in shard_set.originals])
+        )
+    state = WholeState(optimizer, inner, shard_set.strategy, made)
+    object.__setattr__(optimizer, "save_own_variables", state.save)
+    object.__setattr__(optimizer, "load_own_variables", state.load)
+    shard_set.state = state
+
+
+class WholeState:
+    """Saves and loads a sharded optimizer's state as whole tensors."""
+
+    def __init__(self, optimizer, inner, strategy, partitioned):
+        self.optimizer = optimizer
+        self.inner = inner
+        self.strategy = strategy
+        self.partitioned = partitioned  # {id(variable): (variable, Layout)}
+
+    def whole_values(self) -> list:
+        """One whole numpy array per `optimizer.variables` entry."""
+        cut = [
+            self.partitioned[id(v)]
+            for v in self.optimizer.variables
+            if id(v) in self.partitioned
+        ]
+        local = [components(v) for v, _ in cut]
+        if all(
+            len(parts) == self.strategy.num_replicas_in_sync for parts in local
+        ):
+            whole = [
+                layout.assemble(np.stack([np.asarray(p) for p in parts]))
+                for (_, layout), parts in zip(cut, local)
+            ]
+        else:  # multi-worker: a collective every worker joins
+            whole, _ = read_whole(self.strategy, cut, [])
+        values = {id(v): w for (v, _), w in zip(cut, whole)}
+        return [
+            values[id(v)] if id(v) in values else np.asarray(v.numpy())
+            for v in self.optimizer.variables
+        ]
+
+    def save(self, store):
+        whole = self.whole_values()
+        to_store = getattr(self.optimizer, "state_to_store", None)
+        if to_store is not None:
+            to_store(store, whole)
+            return
+        for i, value in enumerate(whole):
+            store[str(i)] = value
+
+    def load(self, store):
+        variables = self.optimizer.variables
+        from_store = getattr(self.optimizer, "state_from_store", None)
+        if from_store is not None:
+            whole = from_store(store)
+            if whole is None:
+                return
+        elif len(store.keys()) != len(variables):
+            warnings.warn(
+                f"Skipping the state of optimizer {self.optimizer.name!r}: "
+                f"it has {len(variables)} variables, the checkpoint has "
+                f"{len(store.keys())} (a different optimizer?).",
+                stacklevel=2,
+            )
+            return
+        else:
+            whole = [store[str(i)] for i in range(len(variables))]
+        for v, value in zip(variables, whole):
+            if id(v) not in self.partitioned:
+                v.assign(value)
+                continue
+            _, layout = self.partitioned[id(v)]
+            flat = np.reshape(np.asarray(value), [-1])
+            parts = components(v)
+            if len(parts) != layout.replicas:
+                raise NotImplementedError(
+                    "Loading a sharded optimizer state under a multi-worker "
+                    "strategy is not supported yet."
+                )
+            write_parts(parts, layout, flat)
+
+
+def write_parts(parts, layout, flat) -> None:
+    """Writes each replica's part of the whole `flat` into its component.
+
+    The padding after a short part keeps what the component holds: zeros
+    for weights and elementwise slots, and for 8-bit codes the code of
+    zero their build wrote (a literal 0 code decodes to minus the block's
+    maximum).
+    """
+    for r, part in enumerate(parts):
+        current = np.asarray(part.numpy())
+        start, size = layout.offsets[r], layout.sizes[r]
+        current[:size] = flat[start : start + size].astype(current.dtype)
+        part.assign(current)
+
+
+def components(variable) -> list:
+    """The per-device components of a distributed `keras.Variable` (all of
+    them here, whatever the current context; the local ones multi-worker)."""
+    from tfmemopt import _compat
+
+    # The stored variable: `variable.value` is cast to float16 inside a
+    # mixed-precision layer's call.
+    value = _compat.storage(variable)
+    return list(getattr(value, "values", (value,)))
