@@ -112,6 +112,7 @@ _OTHER_PRIVATE = [
     ("accumulation/_window", keras.Model, "_loss_tracker"),
     ("accumulation/_window", keras.Model, "_call_has_training_arg"),
     ("accumulation/_window, _loss_normalization", _CompileLoss, "_flat_losses"),
+    ("accumulation/_loss_normalization", _CompileLoss, "_user_loss"),
     ("accumulation/_loss_normalization", _Masked, "_keras_mask"),
     (
         "accumulation/_accumulating_optimizer",

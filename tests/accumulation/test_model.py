@@ -285,6 +285,27 @@ def test_several_outputs_loss_weights_and_regularizer_counted_once():
         )
 
 
+def logits_and_features(cls=keras.Model, **kwargs):
+    keras.utils.set_random_seed(6)
+    inputs = keras.Input((6,))
+    h = keras.layers.Dense(12, activation="relu")(inputs)
+    return cls(inputs, [keras.layers.Dense(3)(h), h], **kwargs)
+
+
+def test_loss_on_one_of_two_outputs_takes_one_target_array():
+    # keras-io's miniature GPT: outputs [logits, features], loss
+    # [loss_fn, None] and one target array, which Keras places on the
+    # output that has a loss (it raised a KeyError here before).
+    x, y, sw = data()
+    ref, ours, w0 = train_pair(
+        logits_and_features,
+        lambda: dict(optimizer=keras.optimizers.Adam(0.01), loss=[sce(), None]),
+        dict(x=x, y=y, sample_weight=sw, batch_size=12, epochs=2),
+    )
+    assert_same_training(ref[0], ours[0], w0)
+    np.testing.assert_allclose(ref[1]["loss"], ours[1]["loss"], rtol=1e-5)
+
+
 @pytest.mark.parametrize(
     "compile_extra",
     [{"steps_per_execution": 3}, {"jit_compile": True}],

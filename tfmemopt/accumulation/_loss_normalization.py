@@ -158,6 +158,33 @@ def _resolve(path, structure):
     return structure
 
 
+def _partial_targets(compile_loss, y_true, y_pred):
+    """Places `y_true` on the outputs that have a loss, as Keras does.
+
+    `loss=[loss_fn, None]` on a two-output model takes one target array
+    (keras-io's miniature GPT): Keras's `CompileLoss.call` spreads the flat
+    targets over the non-`None` losses before it builds; so do we.
+    """
+    if not keras.tree.is_nested(y_pred):
+        return y_true
+    flat_true = keras.tree.flatten(y_true)
+    if len(flat_true) == len(keras.tree.flatten(y_pred)):
+        return y_true
+    user_loss = compile_loss._user_loss
+    if not keras.tree.is_nested(user_loss):
+        return y_true
+    flat_loss = keras.tree.flatten(user_loss)
+    with_loss = [i for i, loss in enumerate(flat_loss) if loss is not None]
+    if len(with_loss) != len(flat_true) or len(flat_loss) != len(
+        keras.tree.flatten(y_pred)
+    ):
+        return y_true
+    filled = [None] * len(flat_loss)
+    for i, target in zip(with_loss, flat_true):
+        filled[i] = target
+    return keras.tree.pack_sequence_as(user_loss, filled)
+
+
 def _align_targets(compile_loss, y_true, y_pred):
     """Brings `y_true`/`y_pred` into the structure Keras built losses for."""
     flat_paths = [entry.path for entry in compile_loss._flat_losses]
@@ -199,6 +226,7 @@ def compiled_terms(model, y_true, y_pred, sample_weight):
     compile_loss = getattr(model, "_compile_loss", None)
     if compile_loss is None:
         return []
+    y_true = _partial_targets(compile_loss, y_true, y_pred)
     if not compile_loss.built:
         compile_loss.build(y_true, y_pred)
     try:
