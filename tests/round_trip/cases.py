@@ -282,10 +282,15 @@ CASES = {
         "bfloat16",
     ),
     "keras/accumulating_optimizer": Case("keras", _accumulating, batch=8),
-    "gpt2/auto+accumulation": Case(
+    # Long sequences (#26): the tied head and its loss in chunks.
+    "gpt2/auto+accumulation+chunked_loss": Case(
         "gpt2",
         _adam,
-        {"checkpointing": "auto", "accumulation_steps": 2},
+        {
+            "checkpointing": "auto",
+            "accumulation_steps": 2,
+            "chunked_loss": True,
+        },
         tokens=True,
     ),
     "functional/sharded1+accumulation": Case(
@@ -428,6 +433,12 @@ def _features(model) -> dict:
         "optimizer": chain,
         "int8_codes": sum(
             v.dtype == "uint8" for v in model.optimizer.variables
+        ),
+        # The options as configured, and the head the loss was computed
+        # from (decided at the first training step).
+        "long_sequences": getattr(model, "_long_sequences", None),
+        "chunked_head": getattr(
+            getattr(model, "long_sequences", None), "head", None
         ),
         "policies": sorted(
             {layer.dtype_policy.name for layer in model.layers if layer.weights}

@@ -34,6 +34,8 @@ def _check(name, results):
     expected = results["features"]
     if cases.CASES[name].kwargs.get("checkpointing"):
         assert expected["segments"], expected
+    if cases.CASES[name].kwargs.get("chunked_loss"):
+        assert expected["chunked_head"], expected
     failures = []
     for way in cases.WAYS:
         got = results[way]
