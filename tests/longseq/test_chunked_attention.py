@@ -89,3 +89,32 @@ def test_a_users_attention_stack_trains_as_keras():
 def test_refuses_attention_dropout():
     with pytest.raises(ValueError, match="dropout=0.1"):
         tfmemopt.Model.wrap(_stack(dropout=0.1), attention="chunked")
+
+
+class OwnAttention(keras.layers.Layer):
+    """Attention in a layer's own code (as keras-hub's Llama, Gemma...)."""
+
+    def build(self, input_shape):
+        self.proj = keras.layers.Dense(input_shape[-1])
+        self.proj.build(input_shape)
+
+    def call(self, x):
+        scores = keras.ops.einsum("btd,bsd->bts", x, self.proj(x))
+        return keras.ops.einsum(
+            "bts,bsd->btd", keras.ops.softmax(scores, axis=-1), x
+        )
+
+
+def test_refuses_attention_it_cannot_take_over():
+    # keras-hub's Llama/Gemma/Mistral/Qwen/Bloom/GPT-NeoX attention classes
+    # are not MultiHeadAttention: their scores would stay whole, so asking
+    # for chunked attention there is refused (it was silently ignored),
+    # and a model with no attention at all too.
+    inputs = keras.Input((T, H))
+    own = keras.Model(inputs, keras.layers.Dense(5)(OwnAttention()(inputs)))
+    with pytest.raises(ValueError, match="computes attention in OwnAttention"):
+        tfmemopt.Model.wrap(own, attention="chunked")
+    assert tfmemopt.Model.wrap(own, chunked_loss=True).long_sequences
+    mlp = keras.Sequential([keras.Input((H,)), keras.layers.Dense(5)])
+    with pytest.raises(ValueError, match="found no attention layer"):
+        tfmemopt.Model.wrap(mlp, attention="chunked")

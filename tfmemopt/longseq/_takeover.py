@@ -414,6 +414,7 @@ def enable_long_sequences(
             for layer in sublayers(model)
             if isinstance(layer, keras.layers.MultiHeadAttention)
         ]
+        _refuse_other_attention(model, layers)
         for layer in layers:
             _check_attention(layer)
         report.attention = attention
@@ -425,6 +426,41 @@ def enable_long_sequences(
         _patch_attention(state, layer)
     object.__setattr__(owner, _STATE, state)
     return report
+
+
+def _refuse_other_attention(model, taken) -> None:
+    """Raises when attention is computed by layers that cannot be taken over.
+
+    Only `MultiHeadAttention` (and its subclasses) is chunked; keras-hub's
+    Llama, Gemma, Mistral, Qwen, Bloom and GPT-NeoX compute attention in
+    their own layer classes. Leaving those on full scores while the user
+    asked for chunked attention would be a silent fallback.
+    """
+    others = [
+        layer
+        for layer in sublayers(model)
+        if "attention" in type(layer).__name__.lower()
+        and not isinstance(layer, keras.layers.MultiHeadAttention)
+    ]
+    if not others and taken:
+        return
+    if not others:
+        raise ValueError(
+            f"attention='chunked' found no attention layer in {model.name!r}: "
+            "it takes over keras.layers.MultiHeadAttention and its "
+            "subclasses. Construct the model without attention='chunked'."
+        )
+    classes = sorted({type(layer).__name__ for layer in others})
+    paths = [_path(layer) for layer in others][:4]
+    raise ValueError(
+        f"attention='chunked' takes over keras.layers.MultiHeadAttention and "
+        f"its subclasses only, but {model.name!r} computes attention in "
+        f"{', '.join(classes)} ({', '.join(paths)}"
+        f"{', ...' if len(others) > 4 else ''}), whose scores would stay "
+        "whole: construct the model without attention='chunked' "
+        "(chunked_loss=True alone still applies; checkpointing='auto' keeps "
+        "one layer's scores at a time)."
+    )
 
 
 def disable_long_sequences(owner) -> None:
