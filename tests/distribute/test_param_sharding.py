@@ -39,16 +39,32 @@ class Scale(keras.layers.Layer):
         return x * self.w
 
 
-def make_model(shard, wrap=False, checkpointing=None):
+@keras.saving.register_keras_serializable(package="test_fsdp")
+class Head(keras.layers.Layer):
+    # A layer inside a layer: its weights' paths hold two '/'
+    # (head/d3/kernel), which keras.name_scope refuses whole.
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.dense = keras.layers.Dense(5, name="d3")
+
+    def build(self, input_shape):
+        self.dense.build(input_shape)
+
+    def call(self, x):
+        return self.dense(x)
+
+
+def make_model(shard, wrap=False, checkpointing=None, steps=1):
     inp = keras.Input((37,))
     h = keras.layers.Dense(61, activation="tanh", name="d1")(inp)
     h = keras.layers.Dense(130, activation="tanh", name="d2")(h)
-    out = Scale()(keras.layers.Dense(5, name="d3")(h))
+    out = Scale()(Head(name="head")(h))
     if wrap:
         return tfmemopt.Model.wrap(
             keras.Model(inp, out), shard_parameters=shard)
     return tfmemopt.Model(inp, out, shard_parameters=shard,
-                          checkpointing=checkpointing)
+                          checkpointing=checkpointing,
+                          accumulation_steps=steps)
 
 
 def adamw(model):
@@ -64,6 +80,9 @@ OPTS = {
     "adamw": adamw,
     "sgd_global_clipnorm": lambda m: keras.optimizers.SGD(
         0.05, momentum=0.9, global_clipnorm=0.05),
+    "adam": lambda m: keras.optimizers.Adam(1e-2),
+    "adam_ema": lambda m: keras.optimizers.Adam(
+        1e-2, use_ema=True, ema_momentum=0.9),
     "adamw8bit": lambda m: AdamW8bit(
         3e-3, weight_decay=0.05, block_size=64, min_8bit_size=256),
 }
@@ -99,14 +118,16 @@ class Made:
         return out
 
 
-def train(strategy, name, shard, epochs=2, wrap=False):
+def train(strategy, name, shard, epochs=2, wrap=False, steps=1, n=32):
+    # n=30: batches of 16 and 14, whose size is known only at run time.
     keras.utils.set_random_seed(0)
     with strategy.scope(), Made() as made:
-        m = make_model(shard, wrap)
+        m = make_model(shard, wrap, steps=steps)
         m.compile(optimizer=OPTS[name](m.inner if wrap else m), loss="mse")
     w0 = [np.array(w) for w in m.get_weights()]
     with made:
-        m.fit(X, Y, batch_size=16, epochs=epochs, shuffle=False, verbose=0)
+        m.fit(X[:n], Y[:n], batch_size=16, epochs=epochs, shuffle=False,
+              verbose=0)
     w = [np.array(v) for v in m.get_weights()]
     return w0, w, made.live_bytes(), m
 
@@ -196,7 +217,7 @@ def built_bytes(name, shard):
 
 
 out = {}
-for name in OPTS:
+for name in ("adamw", "sgd_global_clipnorm", "adamw8bit"):
     wrap = name == "sgd_global_clipnorm"
     w0, a, bytes_sharded, ms = train(STRATEGY, name, True, wrap=wrap)
     row = {
@@ -228,6 +249,13 @@ for name in OPTS:
         # The floor: Keras's own optimizer under the strategy.
         _, b, row["bytes_plain"], _ = train(STRATEGY, name, False)
         row["keras_floor"] = rel(b, c, w0)
+        # Accumulation (3 micro-batches of 3, 3, 2 per replica) against the
+        # full batch on one device: one schedule step and one decay per
+        # window, each replica accumulating its part of the summed gradient.
+        _, e, _, me = train(STRATEGY, name, True, steps=3)
+        row["accumulation_vs_one"] = rel(e, c, w0)
+        row["accumulated_on_shards"] = [
+            list(v.shape) for v in me.trainable_variables]
         # No strategy: shard_parameters=True changes nothing, bit for bit.
         _, d, _, m1 = train(ONE, "adamw", True)
         out["one_device"] = {
@@ -238,6 +266,15 @@ for name in OPTS:
     elif name == "adamw8bit":
         row["bytes_plain"] = built_bytes(name, False)
     out[name] = row
+# EMA with accumulation (4 micro-batches) on batches of run-time size (16
+# and 14): the averages (1/R) replace the weights when fit ends, as on one
+# device; the floor is Keras's own under the strategy, measured here.
+w0, c, _, _ = train(ONE, "adam_ema", False, n=30)
+_, b, _, _ = train(STRATEGY, "adam_ema", False, n=30)
+_, e, _, _ = train(STRATEGY, "adam_ema", True, steps=4, n=30)
+_, f, _, _ = train(ONE, "adam", False, n=30)
+out["ema"] = {"vs_one": rel(e, c, w0), "keras_floor": rel(b, c, w0),
+              "ema_vs_none": rel(f, c, w0)}
 # Activation checkpointing: the recompute in the backward pass gathers
 # the checkpointed layer's weights again (counted while the step traces).
 from tfmemopt.distribute import _param_shard
@@ -310,9 +347,13 @@ cases = {
     "lamb": lambda: (make_model(True), keras.optimizers.Lamb()),
     "tfmemopt_adafactor": lambda: (
         make_model(True), tfmemopt.optimizers.Adafactor()),
-    "accumulation": lambda: (
-        tfmemopt.Model.wrap(make_model(False), 2, shard_parameters=True),
+    "micro_batch_size": lambda: (
+        tfmemopt.Model.wrap(make_model(False), micro_batch_size=4,
+                            shard_parameters=True),
         keras.optimizers.Adam()),
+    "ema_overwrite_frequency": lambda: (
+        make_model(True),
+        keras.optimizers.Adam(use_ema=True, ema_overwrite_frequency=2)),
     "unbuilt": lambda: (
         tfmemopt.Model.wrap(keras.Sequential([keras.layers.Dense(2)]),
                             shard_parameters=True),
@@ -352,15 +393,24 @@ def test_shard_parameters_two_then_four_replicas(tmp_path):
     gathers = ckpt["gathers"]
     # d2 is checkpointed: gathered in the forward pass and in the recompute;
     # d3 is not: gathered once (per replica).
-    assert gathers["d2/kernel"] == 2 * gathers["d3/kernel"] == 4, ckpt
-    assert gathers["d2/bias"] == 2 * gathers["d3/bias"] == 4, ckpt
+    assert gathers["d2/kernel"] == 2 * gathers["head/d3/kernel"] == 4, ckpt
+    assert gathers["d2/bias"] == 2 * gathers["head/d3/bias"] == 4, ckpt
     assert ckpt["vs_unsharded"] <= 1e-6, ckpt
+    ema = out.pop("ema")
+    # The averaged weights, not the last ones: far from a run without EMA.
+    assert ema["ema_vs_none"] > 0.05, ema
+    assert ema["vs_one"] <= max(2 * ema["keras_floor"], 1e-6), ema
     mixed = out.pop("mixed_float16")
     assert set(mixed["dtypes"].values()) == {"float16"}, mixed
     assert mixed["vs_one"] <= 1.2 * mixed["keras_floor"], mixed
     floor = out["adamw"]["keras_floor"]
     assert out["adamw"]["predict"] <= 1e-5, out["adamw"]
     assert out["adamw"]["evaluate"] <= 1e-5, out["adamw"]
+    # Accumulated against the full batch, within the same floor; the
+    # accumulators are the shards' size (ceil(n / 2)), not the weights'.
+    assert out["adamw"]["accumulation_vs_one"] <= max(2 * floor, 1e-6), out
+    assert (out["adamw"].pop("accumulated_on_shards")
+            == out["adamw"]["shard_shapes"]), out["adamw"]
     for name, r in out.items():
         # As close to one device as Keras's own optimizer under the
         # strategy (floor measured here; all-reduce order).
@@ -390,7 +440,8 @@ def test_shard_parameters_two_then_four_replicas(tmp_path):
         ("adafactor", "Use an elementwise optimizer"),
         ("lamb", "trust ratio"),
         ("tfmemopt_adafactor", "tfmemopt.ShardedOptimizer"),
-        ("accumulation", "does not combine with accumulation_steps"),
+        ("micro_batch_size", "Use accumulation_steps=N instead"),
+        ("ema_overwrite_frequency", "keras.callbacks.SwapEMAWeights"),
         ("unbuilt", "Build it first"),
     ):
         assert refused[case] and hint in refused[case], (case, refused)

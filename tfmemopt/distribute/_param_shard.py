@@ -23,6 +23,8 @@ clipping uses the whole gradient's norm, `clip_shards`).
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import tensorflow as tf
 
@@ -261,8 +263,7 @@ def shard_model(model, optimizer) -> ShardSet | None:
             align = int(align_of(shape)) if align_of else 1
             layout = Layout(shape, replicas, align)
             whole = np.reshape(np.asarray(w.numpy()), [-1])
-            scope = w.path.rsplit("/", 1)[0] if "/" in w.path else None
-            with keras.name_scope(scope) if scope else _null():
+            with _path_scope(w.path):
                 shard = keras.Variable(
                     initializer="zeros",
                     shape=(layout.c,),
@@ -284,6 +285,20 @@ def shard_model(model, optimizer) -> ShardSet | None:
     shard_set = ShardSet(strategy, originals, shards)
     build_whole_state(optimizer, inner, shard_set)
     return shard_set
+
+
+def _path_scope(path: str):
+    """Name scopes that give a new variable the path of the weight `path`.
+
+    `keras.name_scope` refuses a `/` in its name, and a nested layer's
+    weight has several (`block/embedding/embeddings`): one scope per part.
+    """
+    import keras
+
+    stack = contextlib.ExitStack()
+    for part in path.split("/")[:-1]:
+        stack.enter_context(keras.name_scope(part))
+    return stack
 
 
 def _prepare_optimizer(inner, originals, shards, excluded=None) -> None:
@@ -323,14 +338,6 @@ def _check_model(model) -> None:
             "size), or accumulation without parameter sharding (with "
             "tfmemopt.ShardedOptimizer for the optimizer state)."
         )
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *args):
-        return False
 
 
 # Optimizers whose update is not elementwise over a parameter (or whose
