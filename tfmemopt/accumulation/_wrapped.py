@@ -62,7 +62,12 @@ class WrappedModel(Model):
 
     def get_config(self):
         config = super().get_config()
-        config["model"] = keras.saving.serialize_keras_object(self.model)
+        inner = keras.saving.serialize_keras_object(self.model)
+        # The wrapper compiles and trains; the inner model's own compile
+        # state (keras-hub tasks compile themselves) is not needed, and
+        # loading it makes Keras warn that `compile()` was not called.
+        inner.pop("compile_config", None)
+        config["model"] = inner
         return config
 
     @classmethod
