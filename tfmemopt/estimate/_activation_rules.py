@@ -67,6 +67,16 @@ def _library_segments(model, segments):
 
 def checkpointed_activations(step, policy, model=None):
     """(activations kept with checkpointing, number of segments, depth)."""
+    segs, saved, outputs, depth = checkpoint_segments(step, policy, model)
+    if not segs:
+        return step.saved, 0, depth
+    return _kept(step, segs, saved, outputs), len(segs), depth
+
+
+def checkpoint_segments(step, policy, model=None):
+    """`(segments, saved, outputs, depth)`: the segments the estimate cuts
+    (lists of units, layer paths of the traced step), the saved bytes and
+    output bytes per unit at that depth. No units: `([], ...)`."""
     depth = 1
     units, saved, outputs = step.segments[1]
     if policy == "auto" and model is not None:
@@ -74,7 +84,7 @@ def checkpointed_activations(step, policy, model=None):
         if found is not None:
             segs, depth = found
             _, saved, outputs = step.segments[depth]
-            return _kept(step, segs, saved, outputs), len(segs), depth
+            return segs, saved, outputs, depth
     # A single nested model (keras.applications inside a functional model)
     # is segmented one level down.
     total = sum(saved.values()) or 1
@@ -84,15 +94,14 @@ def checkpointed_activations(step, policy, model=None):
             units, saved, outputs = deeper
             depth = 2
     if not units:
-        return step.saved, 0, depth
+        return [], saved, outputs, depth
     if policy == "auto":
         every = max(1, round(math.sqrt(len(units))))
     elif policy == "blocks":
         every = 1
     else:
         every = int(policy)
-    segs = _segments(units, every)
-    return _kept(step, segs, saved, outputs), len(segs), depth
+    return _segments(units, every), saved, outputs, depth
 
 
 def _kept(step, segs, saved, outputs):

@@ -18,12 +18,15 @@ from tfmemopt._compat import sublayers
 from tfmemopt._utils import format_bytes
 from tfmemopt.accumulation import Model
 from tfmemopt.distribute import ShardedOptimizer
-from tfmemopt.distribute._shard_layout import Layout
+from tfmemopt.estimate._activation_rules import checkpoint_segments
 from tfmemopt.estimate._activation_rules import checkpointed_activations
 from tfmemopt.estimate._activation_rules import unknown_layers
 from tfmemopt.estimate._kernels import rewritten_sum_zeros
 from tfmemopt.estimate._optimizer_state import _itemsize
 from tfmemopt.estimate._optimizer_state import optimizer_state_bytes
+from tfmemopt.estimate._param_sharding import gathered_bytes
+from tfmemopt.estimate._param_sharding import sharded_state
+from tfmemopt.estimate._param_sharding import state_per_replica
 from tfmemopt.estimate._result import MemoryEstimate
 from tfmemopt.estimate._settings import Settings
 from tfmemopt.estimate._settings import counted
@@ -47,6 +50,7 @@ def estimate_memory(
     input_shape=None,
     sequence_length: int | None = None,
     min_counted_bytes: int = 0,
+    shard_parameters: bool | None = None,
 ) -> MemoryEstimate:
     """Estimates the peak memory of one training step, per device.
 
@@ -70,7 +74,10 @@ def estimate_memory(
     - checkpointing keeps only segment boundaries plus the largest segment
       (recomputed in the backward pass);
     - accumulation traces one micro-batch and adds float32 accumulators;
-    - `replicas` splits the global batch; each replica holds all weights.
+    - `replicas` splits the global batch; each replica holds all weights,
+      unless `shard_parameters`: then each keeps 1/R of the weights,
+      gradients and optimizer state, plus the gathered weights alive at
+      the peak.
 
     The simulated step also counts the copies TensorFlow's Einsum kernel
     makes (and those of two gradients that run at once), lets element-wise
@@ -121,6 +128,14 @@ def estimate_memory(
             `tf.config.experimental.get_memory_info("CPU:0")` under oneDNN,
             to compare the estimate with a peak measured on a CPU. Every
             tensor, weight, gradient and optimizer slot below it counts 0.
+        shard_parameters: `None` (the model's own: a `tfmemopt.Model`
+            built with `shard_parameters=True`, else `False`) or Bool: the
+            weights sharded over the `replicas` (FSDP,
+            `tfmemopt.Model(..., shard_parameters=True)`). Each replica
+            keeps a shard of `ceil(n / R)` elements of each trainable
+            weight, its shard of the summed gradient and the optimizer's
+            state built on the shards, and gathers each weight whole when
+            its layer runs (`gathered`). No effect with one replica.
 
     Returns:
         A `MemoryEstimate` (bytes per field, `.total`, `.table()`,
@@ -151,13 +166,20 @@ def estimate_memory(
         trainer,
         sequence_length,
         min_counted_bytes,
+        shard_parameters,
     )
     # Trace first: a subclassed model may create its weights on first call.
     traced, step, rescale = _trace(model, s, input_shape, sequence_length)
     trainable = model.trainable_weights
     params = sum(counted(_weight_bytes(v, s), s) for v in model.weights)
     grads = sum(counted(_weight_bytes(v, s), s) for v in trainable)
-    opt_bytes, opt_how = _optimizer_bytes(trainable, s)
+    whole_grads = grads
+    if s.shard_parameters:
+        sharded = sharded_state(model, s, lambda n: counted(n, s))
+        params, grads = sharded.parameters, sharded.gradients
+        opt_bytes, opt_how = sharded.optimizer_state, sharded.optimizer_how
+    else:
+        opt_bytes, opt_how = _optimizer_bytes(trainable, s)
     notes = [f"optimizer: {opt_how} ({s.opt_source})"]
     if s.floor:
         notes.append(
@@ -165,14 +187,28 @@ def estimate_memory(
             "(min_counted_bytes): the allocator statistics' view"
         )
     activations = _activations(model, traced, step, rescale, s, notes)
-    temporaries, freed, update = _step_temporaries(
-        trainable, step, s, grads, activations
-    )
+    gathered = 0
+    if s.shard_parameters:
+        gathered, how = gathered_bytes(
+            traced, _segments(traced, step, s), s, lambda n: counted(n, s)
+        )
+        notes.append(
+            f"shard_parameters over {replicas} replicas: each keeps 1/"
+            f"{replicas} of the weights, gradients and optimizer state; "
+            f"gathered weights: {how}"
+        )
+        temporaries, freed, update = _sharded_temporaries(
+            trainable, step, s, whole_grads
+        )
+    else:
+        temporaries, freed, update = _step_temporaries(
+            trainable, step, s, grads, activations
+        )
     notes += update.notes
     inputs, accumulation = _accumulation(trainable, step, s, notes)
-    if s.floor:
+    if s.floor and not s.shard_parameters:
         temporaries += _cpu_allocator(model, trainable, step, s, update, notes)
-    if replicas > 1:
+    if replicas > 1 and not s.shard_parameters:
         notes.append(
             f"{replicas} replicas: batch {s.per_replica} per replica, a "
             "packed copy of the gradients for the all-reduce"
@@ -185,6 +221,7 @@ def estimate_memory(
         inputs=int(inputs),
         activations=int(activations),
         temporaries=int(temporaries),
+        gathered=int(gathered),
         freed=int(freed),
         settings={
             "batch_size": batch_size,
@@ -195,6 +232,7 @@ def estimate_memory(
             "replicas": replicas,
             "trainer": s.trainer,
             "min_counted_bytes": s.floor,
+            "shard_parameters": s.shard_parameters,
         },
         layers=_by_layer(step),
         notes=notes,
@@ -241,6 +279,37 @@ def _step_temporaries(trainable, step, s: Settings, grads, activations):
         temporaries, freed = max(0, x), max(0, -x)
     temporaries += update.resident  # allocated from the first step on
     return temporaries, freed, update
+
+
+def _sharded_temporaries(trainable, step, s: Settings, whole_grads):
+    """`(temporaries, freed, update)` under `shard_parameters`.
+
+    Each weight's gradient is made whole by the backward pass, all-reduced
+    (a whole-size result) and sliced to this replica's shard as soon as
+    it is made (the all-gather's gradient): the step is simulated with
+    each gradient consumed by one whole-size temporary (`consumers`), so
+    the backward pass holds the transient whole gradients of the weights
+    whose backward is running, not all of them. The optimizer then updates
+    the shards (its temporaries are of the shard's size); the activations
+    and gathered weights are freed by then.
+    """
+    weights = [(math.prod(v.shape), _weight_bytes(v, s)) for v in trainable]
+    update = update_temporaries(
+        weights, s.optimizer, lambda n: counted(n, s), s.replicas
+    )
+    peak = step.updating_peak
+    if peak is None:  # not simulated: every whole gradient alive at once
+        peak = step.peak
+    during = max(0, peak - step.saved - step.inputs)
+    return max(during, update.peak) + update.resident, 0, update
+
+
+def _segments(traced, step, s: Settings):
+    """The checkpointed segments (lists of layer paths), or None."""
+    if s.checkpointing is None:
+        return None
+    segs, _, _, _ = checkpoint_segments(step, s.checkpointing, traced)
+    return segs or None
 
 
 def _cpu_allocator(model, trainable, step, s: Settings, update, notes):
@@ -302,6 +371,7 @@ def _trace(model, s: Settings, input_shape=None, sequence_length=None):
                 s.accumulation_steps > 1,
                 s.replicas,
                 lambda v: counted(_weight_bytes(v, s), s),
+                sharded=s.shard_parameters,
             ),
         )
 
@@ -354,32 +424,8 @@ def _optimizer_bytes(trainable, s: Settings):
         if counted(_weight_bytes(v, s), s)
     ]
     if isinstance(s.optimizer, ShardedOptimizer) and s.replicas > 1:
-        return _sharded_state_bytes(s.optimizer.inner_optimizer, shapes, s)
+        return state_per_replica(s.optimizer.inner_optimizer, shapes, s)
     return optimizer_state_bytes(s.optimizer, shapes)
-
-
-def _sharded_state_bytes(inner, shapes, s: Settings):
-    """`(bytes, how)` one replica keeps under `ShardedOptimizer(inner)`.
-
-    Each variable's state is counted whole, as `inner` keeps it (an 8-bit
-    optimizer decides 8-bit or float32 on the whole variable), then cut as
-    the sharding cuts it: into R parts of whole units, a unit being
-    `inner.shard_alignment(shape)` elements (a block of 8-bit codes and its
-    scale) or one element; a replica holds at most ceil(units / R). The
-    cut is `ShardedOptimizer`'s own (`Layout`), not computed again here.
-    """
-    align = getattr(inner, "shard_alignment", lambda shape: 1)
-    nbytes = 0
-    for shape, dtype in shapes:
-        whole, _ = optimizer_state_bytes(inner, [(shape, dtype)])
-        layout = Layout(shape, s.replicas, align(shape))
-        if not layout.n:
-            continue
-        units = -(-layout.n // layout.align)
-        held = -(-layout.c // layout.align)  # the largest part's units
-        nbytes += -(-whole * held // units)  # ceil(whole * held / units)
-    _, how = optimizer_state_bytes(inner, shapes)
-    return nbytes, f"ShardedOptimizer({how}), 1/{s.replicas} of it per replica"
 
 
 def _activations(model, traced, step, rescale, s: Settings, notes) -> int:

@@ -14,6 +14,7 @@ _FIELDS = (
     "inputs",
     "activations",
     "temporaries",
+    "gathered",
 )
 _LABELS = {
     "parameters": "parameters",
@@ -23,6 +24,7 @@ _LABELS = {
     "inputs": "input batch",
     "activations": "activations kept for backward",
     "temporaries": "backward temporaries",
+    "gathered": "gathered weights",
 }
 
 
@@ -43,6 +45,8 @@ class MemoryEstimate:
         temporaries: Int, what the backward pass (or the optimizer's
             update) needs on top at its peak, including what the
             allocator's whole chunks add (`min_counted_bytes > 0`).
+        gathered: Int, the whole weights gathered from their shards that
+            are alive at the peak (`shard_parameters`; else 0).
         freed: Int, what of the gradients counted above is already freed
             at the peak: the optimizer updates each weight as soon as its
             gradient is made and frees the gradient (or adds it into its
@@ -65,6 +69,7 @@ class MemoryEstimate:
     layers: list = dataclasses.field(default_factory=list)
     notes: list = dataclasses.field(default_factory=list)
     freed: int = 0
+    gathered: int = 0
 
     @property
     def total(self) -> int:
@@ -89,6 +94,8 @@ class MemoryEstimate:
             + ")"
         ]
         for f in _FIELDS:
+            if f == "gathered" and not self.gathered:
+                continue
             lines.append(
                 f"  {_LABELS[f]:<{width}}  {format_bytes(getattr(self, f)):>11}"
             )

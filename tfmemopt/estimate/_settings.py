@@ -11,6 +11,8 @@ import keras
 
 from tfmemopt._utils import check_int
 from tfmemopt.accumulation import Model
+from tfmemopt.distribute import ShardedOptimizer
+from tfmemopt.distribute._param_shard import check_optimizer
 from tfmemopt.estimate._optimizer_state import _itemsize
 from tfmemopt.estimate._optimizer_state import resolve_optimizer
 
@@ -68,6 +70,7 @@ def resolve_settings(
     trainer,
     sequence_length,
     min_counted_bytes,
+    shard_parameters=None,
 ) -> Settings:
     """Checks the arguments and resolves them into the step's settings."""
     check_counts(model, batch_size, accumulation_steps, replicas)
@@ -92,7 +95,48 @@ def resolve_settings(
     if sequence_length is not None:
         check_int("sequence_length", sequence_length)
     s.floor = check_floor(min_counted_bytes)
+    s.shard_parameters = check_shard_parameters(
+        shard_parameters, model, s, accumulation_steps
+    )
     return s
+
+
+def check_shard_parameters(shard_parameters, model, s, accumulation_steps):
+    """Whether the weights are sharded over the replicas: `None` reads the
+    model's own setting; refused where `tfmemopt.Model` refuses it."""
+    if shard_parameters is None:
+        shard_parameters = bool(getattr(model, "shard_parameters", False))
+        if not isinstance(model, Model):
+            shard_parameters = False
+    if not isinstance(shard_parameters, bool):
+        raise TypeError(
+            "`shard_parameters` must be None (the model's own setting), True "
+            f"or False. Received: shard_parameters={shard_parameters!r} (of "
+            f"type {type(shard_parameters).__name__})."
+        )
+    if not shard_parameters or s.replicas == 1:
+        return False  # one replica: nothing is sharded (as in the model)
+    if accumulation_steps > 1:
+        raise ValueError(
+            "shard_parameters=True cannot be combined with accumulation "
+            f"(accumulation_steps={accumulation_steps}): tfmemopt.Model "
+            "refuses it (the all-gather cannot run inside the micro-batch "
+            "loop). Fix: pass accumulation_steps=1, or shard only the "
+            "optimizer state with tfmemopt.ShardedOptimizer."
+        )
+    if isinstance(s.optimizer, ShardedOptimizer):
+        raise ValueError(
+            "shard_parameters=True builds the user's own optimizer on the "
+            "shards; it does not take a ShardedOptimizer. Fix: pass the "
+            "inner optimizer (e.g. optimizer='adamw')."
+        )
+    inner = s.optimizer
+    while isinstance(
+        getattr(inner, "inner_optimizer", None), keras.optimizers.Optimizer
+    ):
+        inner = inner.inner_optimizer
+    check_optimizer(inner)
+    return True
 
 
 @dataclasses.dataclass
@@ -112,6 +156,7 @@ class Settings:
     replicas: int = 1
     floor: int = 0  # allocations below this many bytes are not counted
     policy_in_place: bool = False  # traced with the policy set on its layers
+    shard_parameters: bool = False  # weights sharded over the replicas
 
 
 # oneDNN's CPU allocator (TF_ENABLE_ONEDNN_OPTS=1) serves allocations below

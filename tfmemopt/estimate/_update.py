@@ -182,7 +182,9 @@ def update_temporaries(weights, optimizer, counted, shards=1) -> Update:
     )
 
 
-def consumers(optimizer, accumulating: bool, replicas: int, weight_bytes):
+def consumers(
+    optimizer, accumulating: bool, replicas: int, weight_bytes, sharded=False
+):
     """What consumes each gradient as soon as it is made (`trace_step`'s
     `update`), or None: all gradients alive together (replicas all-reduce
     them at once; an optimizer outside Keras's element-wise ones).
@@ -193,8 +195,13 @@ def consumers(optimizer, accumulating: bool, replicas: int, weight_bytes):
     update ran, and its gradient was freed, while the backward pass went
     on. Under accumulation each gradient is added into its accumulator (in
     place: the sum takes the gradient's buffer and frees the old one).
-    `weight_bytes(variable)`: the bytes counted for a weight.
+    `weight_bytes(variable)`: the bytes counted for a weight. `sharded`
+    (`shard_parameters` over the replicas): each whole gradient is
+    all-reduced (a whole-size result) and sliced to the replica's shard
+    as it is made (the gather's gradient), whatever the optimizer.
     """
+    if sharded:
+        return lambda variables: [[weight_bytes(v)] for v in variables]
     if replicas > 1:
         return None
     if accumulating:
