@@ -110,3 +110,32 @@ def test_small_state_optimizers_example():
     assert adamw[1] > 0.9 and abs(eight[1] - adamw[1]) <= 0.02, stdout
     assert factored[1] > 0.9, stdout
     assert "8-bit state after save/load: bit for bit" in stdout
+
+
+@pytest.mark.slow
+def test_bf16_finetune_example():
+    stdout = run_example(
+        "bf16_finetune.py",
+        TF_ENABLE_ONEDNN_OPTS="1",
+        TFMEMOPT_EXAMPLE_SMOKE="1",
+    )
+    rows = {
+        name: (dtype, float(state), float(grads), float(train), float(held))
+        for name, dtype, state, grads, train, held in re.findall(
+            r"^(AdamW8bit, \w+ weights)\s+(\w+)\s+([\d.]+)\s+([\d.]+)\s+"
+            r"([\d.]+)\s+([\d.]+)$",
+            stdout,
+            flags=re.M,
+        )
+    }
+    f32 = rows["AdamW8bit, float32 weights"]
+    bf16 = rows["AdamW8bit, bfloat16 weights"]
+    assert f32[0] == "float32" and bf16[0] == "bfloat16", stdout
+    # Weights + 8-bit state: 4 + ~2.1 against 2 + ~2.1 bytes per parameter
+    # (the biases and LayerNorm vectors keep float32 moments).
+    assert bf16[1] <= 4.2 and abs(f32[1] - bf16[1] - 2.0) < 1e-6, stdout
+    assert (f32[2], bf16[2]) == (4.0, 2.0), stdout
+    # The same start (ln 92 = 4.52 at uniform logits); both train, and the
+    # bfloat16 run ends where the float32 one does.
+    assert f32[3] < 4.3 and abs(bf16[3] - f32[3]) < 0.01, stdout
+    assert abs(bf16[4] - f32[4]) < 0.01, stdout
