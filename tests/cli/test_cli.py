@@ -98,6 +98,22 @@ def test_estimate_table_and_settings_in_process(tmp_path, capsys):
     assert "optimizer=SGD" in out
 
 
+def test_estimate_shard_parameters(tmp_path, capsys):
+    _, path = _saved_model(tmp_path)
+    args = ["estimate", path, "--batch-size", "32", "--replicas", "2"]
+    args += ["--optimizer", "adam"]
+    assert cli.main(args + ["--json"]) == 0
+    whole = json.loads(capsys.readouterr().out)
+    assert cli.main(args + ["--shard-parameters", "--json"]) == 0
+    sharded = json.loads(capsys.readouterr().out)
+    assert sharded["settings"]["shard_parameters"] is True
+    assert sharded["gathered"] > 0 and whole["gathered"] == 0
+    assert sharded["optimizer_state"] < whole["optimizer_state"]
+    rc = cli.main(args + ["--shard-parameters", "--accumulation-steps", "2"])
+    assert rc == 2
+    assert "accumulation_steps=1" in capsys.readouterr().err
+
+
 def test_bad_policy_is_reported_not_raised(tmp_path, capsys):
     _, path = _saved_model(tmp_path)
     rc = cli.main(["estimate", path, "--batch-size", "8", "--policy", "fp8"])

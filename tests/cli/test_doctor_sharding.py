@@ -49,6 +49,8 @@ def test_sharding_bytes_per_parameter_come_from_the_estimator(
     assert s["unwrapped"] == pytest.approx(8.0 + state)
     assert s["stage_1"] == pytest.approx(stage_1)
     assert s["stage_2"] == pytest.approx(stage_2)
+    # shard_parameters: weights, gradients and state, all 1/R
+    assert s["shard_parameters"] == pytest.approx((8.0 + state) / replicas)
 
 
 def test_doctor_text_names_sharding_with_four_accelerators():
@@ -58,6 +60,8 @@ def test_doctor_text_names_sharding_with_four_accelerators():
     assert "16.00 -> 10.00 bytes per parameter" in text
     assert "4.00 + 4.00 + 8.00/4" in text and "4.00 + 12.00/4 = 7.00" in text
     assert "tfmemopt.plan" in text
+    assert "shard_parameters=True) shards the weights" in text
+    assert "16.00 -> 4.00 bytes per parameter (16.00/4)" in text
 
 
 def test_doctor_on_one_device_does_not_name_sharding(capsys):

@@ -99,6 +99,13 @@ def _estimate_arguments(parser):
         default=1,
         help="data-parallel replicas sharing the batch (default: 1)",
     )
+    parser.add_argument(
+        "--shard-parameters",
+        action="store_true",
+        help="the weights sharded over the replicas (tfmemopt.Model(..., "
+        "shard_parameters=True), FSDP): 1/R of the weights, gradients and "
+        "optimizer state per replica, plus the gathered weights",
+    )
     json_argument(parser, "a table")
 
 
@@ -124,6 +131,7 @@ def _estimate(args) -> int:
             accumulation_steps=args.accumulation_steps,
             checkpointing=args.checkpointing,
             replicas=args.replicas,
+            shard_parameters=True if args.shard_parameters else None,
         )
     except (ValueError, TypeError) as e:
         return bad_input("estimate", e)

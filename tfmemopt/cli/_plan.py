@@ -217,9 +217,11 @@ def _plan_arguments(parser):
         help="comma-separated techniques the plan may use, from: "
         f"{', '.join(_ALLOW)} (default: all). sharding: wrap the optimizer "
         "in tfmemopt.ShardedOptimizer (1/R of its state per replica, needs "
-        "--replicas > 1); optimizer_state: switch to an 8-bit or factored "
-        "optimizer (AdamW8bit/Adam8bit, Adafactor) when the model state "
-        "leaves too little memory",
+        "--replicas > 1), or shard the weights too with "
+        "tfmemopt.Model(..., shard_parameters=True) (1/R of the weights, "
+        "gradients and state; no accumulation); optimizer_state: switch "
+        "to an 8-bit or factored optimizer (AdamW8bit/Adam8bit, "
+        "Adafactor) when the model state leaves too little memory",
     )
     json_argument(parser)
 

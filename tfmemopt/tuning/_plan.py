@@ -35,6 +35,10 @@ class Plan:
             `"Adam8bit"`, `"Adafactor"`), with the shared arguments.
         sharding: `None` or the `tfmemopt.ShardedOptimizer` stage (`1`)
             that wraps the optimizer: 1/`replicas` of its state per replica.
+        shard_parameters: Bool, whether the plan shards the weights too
+            (`tfmemopt.Model(..., shard_parameters=True)`, FSDP): 1/`replicas`
+            of the weights, gradients and optimizer state per replica; in
+            `model_kwargs` when set.
 
     Example:
 
@@ -59,14 +63,18 @@ class Plan:
     optimizer: str | None = None
     sharding: int | None = None
     base_optimizer: str = dataclasses.field(default="", repr=False)
+    shard_parameters: bool = False
 
     @property
     def model_kwargs(self) -> dict:
         """Arguments for `tfmemopt.Model(...)` / `tfmemopt.Model.wrap(...)`."""
-        return {
+        kwargs = {
             "accumulation_steps": self.accumulation_steps,
             "checkpointing": self.checkpointing,
         }
+        if self.shard_parameters:
+            kwargs["shard_parameters"] = True
+        return kwargs
 
     def apply(self, model: keras.Model) -> keras.Model:
         """A `tfmemopt.Model` that trains `model` with this plan.
@@ -79,7 +87,9 @@ class Plan:
         per replica (the global batch under a distribution strategy).
         With `optimizer` or `sharding` set it compiles with the new
         optimizer, built from the compiled one's arguments; with `sharding`
-        call it inside the strategy's scope.
+        call it inside the strategy's scope; with `shard_parameters` too
+        (the weights are sharded when the result is compiled, inside the
+        scope).
         """
         return apply_plan(self, model)
 
@@ -93,7 +103,8 @@ class Plan:
                 f", optimizer={self.optimizer_name}"
                 if self.optimizer or self.sharding
                 else ""
-            ),
+            )
+            + (", shard_parameters=True" if self.shard_parameters else ""),
             f"estimated peak {format_bytes(self.estimated_peak)} of budget "
             f"{format_bytes(self.memory_budget)}"
             + (

@@ -78,7 +78,10 @@ def apply_plan(plan, model: keras.Model, copy: bool = False) -> keras.Model:
     previous = keras.config.dtype_policy()
     keras.config.set_dtype_policy(plan.policy)
     try:
-        wrapped = Model.wrap(base, accumulation_steps=plan.accumulation_steps)
+        extra = {"shard_parameters": True} if plan.shard_parameters else {}
+        wrapped = Model.wrap(
+            base, accumulation_steps=plan.accumulation_steps, **extra
+        )
         if compile_config is not None:
             wrapped.compile_from_config(compile_config)
     finally:

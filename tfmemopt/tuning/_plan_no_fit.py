@@ -30,13 +30,17 @@ def _small_state_hint(candidate) -> str:
     )
 
 
+def _changes_state(c) -> bool:
+    return bool(c["optimizer"] or c["sharding"] or c.get("shard_parameters"))
+
+
 def _peak(c) -> int:
     return c["peak"]
 
 
 def _kept(considered) -> list:
     """The candidates that keep the optimizer (all, if none does)."""
-    kept = [c for c in considered if not (c["optimizer"] or c["sharding"])]
+    kept = [c for c in considered if not _changes_state(c)]
     return kept or considered
 
 
@@ -44,10 +48,12 @@ def _tried_text(considered) -> str:
     """`" Tried too: AdamW8bit (smallest 2.9 MiB), ..."` or `""`."""
     tried = {}
     for c in considered:
-        if c["optimizer"] or c["sharding"]:
+        if _changes_state(c):
             label = state_options.describe(
                 None, c["optimizer"] or c["optimizer_name"], c["sharding"]
             )
+            if c.get("shard_parameters"):
+                label += " with shard_parameters=True"
             tried[label] = min(tried.get(label, c["peak"]), c["peak"])
     if not tried:
         return ""

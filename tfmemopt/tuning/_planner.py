@@ -10,6 +10,8 @@ does not fit. The choice itself is a pure function (`choose`).
 
 from __future__ import annotations
 
+import math
+
 import keras
 
 from tfmemopt._utils import check_int
@@ -186,10 +188,22 @@ def plan(
     policies, fast = _policies(model, allow)
     considered = []
     base = resolve_optimizer(optimizer, model)[0]
-    option = {"optimizer": None, "sharding": None, "opt": optimizer}
+    option = {
+        "optimizer": None,
+        "sharding": None,
+        "opt": optimizer,
+        "params": False,
+    }
 
     def peak(policy, ckpt, steps) -> int:
-        key = (policy, ckpt, steps, option["optimizer"], option["sharding"])
+        key = (
+            policy,
+            ckpt,
+            steps,
+            option["optimizer"],
+            option["sharding"],
+            option["params"],
+        )
         for c in considered:
             if _key(c) == key:
                 return c["peak"]
@@ -203,13 +217,16 @@ def plan(
             replicas=replicas,
             input_shape=input_shape,
             sequence_length=sequence_length,
+            shard_parameters=option["params"],
         )
         micro = global_batch_size // replicas // steps
         time = step_time(micro, steps, ckpt, policy, fast)
         considered.append(_candidate(est, policy, ckpt, steps, micro, time))
+        considered[-1]["parameter_count"] = _trainable_count(model)
         considered[-1].update(
             optimizer=option["optimizer"],
             sharding=option["sharding"],
+            shard_parameters=option["params"],
             optimizer_name=type(state_options.unwrap(base)).__name__,
         )
         return considered[-1]["peak"]
@@ -220,20 +237,24 @@ def plan(
     )
 
     def search() -> None:
+        # shard_parameters refuses accumulation (docs/sharding.md).
+        steps_here = [1] if option["params"] else steps_list
         for policy in policies:
             for ckpt in ckpts:
                 _fewest_steps_that_fit(
-                    lambda steps: peak(policy, ckpt, steps), steps_list, limit
+                    lambda steps: peak(policy, ckpt, steps), steps_here, limit
                 )
 
     search()
     # The model state leaves too little room: shrink the state itself,
     # least change first (sharded, 8-bit, both, factored).
-    for name, stage in state_options.alternatives(base, allow, replicas):
+    for name, stage, params in state_options.alternatives(
+        base, allow, replicas
+    ):
         if choose(considered, limit) is not None:
             break
         new = state_options.make_optimizer(base, name, stage)
-        option.update(optimizer=name, sharding=stage, opt=new)
+        option.update(optimizer=name, sharding=stage, opt=new, params=params)
         search()
 
     def make(best) -> Plan:
@@ -246,6 +267,12 @@ def plan(
     return _choose(considered, limit, budget, make, no_fit, measure)
 
 
+def _trainable_count(model) -> int:
+    """Trainable parameters (each shared weight once)."""
+    weights = {id(v): v for v in model.trainable_weights}.values()
+    return int(sum(math.prod(v.shape) for v in weights))
+
+
 def _key(c) -> tuple:
     """What identifies a candidate (its settings)."""
     return (
@@ -254,6 +281,7 @@ def _key(c) -> tuple:
         c["accumulation_steps"],
         c.get("optimizer"),
         c.get("sharding"),
+        c.get("shard_parameters", False),
     )
 
 
@@ -270,6 +298,7 @@ def _candidate(est, policy, ckpt, steps, micro, time) -> dict:
         # trainable parameters, counting float32 gradients
         "parameter_count": int(est.gradients) // 4,
         "time": time,
+        "gathered": int(est.gathered),
     }
 
 
@@ -376,8 +405,8 @@ def _make_plan(best, global_batch_size, replicas, budget, considered=()):
         if not parts
         else "the fastest combination that fits: " + ", ".join(parts)
     )
-    kept = [c for c in considered if not (c["optimizer"] or c["sharding"])]
-    if kept and (best.get("optimizer") or best.get("sharding")):
+    kept = [c for c in considered if not _changes_state(c)]
+    if kept and _changes_state(best):
         before = min(kept, key=lambda c: c["peak"])
         change = state_options.state_change_text(before, best, replicas)
         why = f"{change}; with it, {why}"
@@ -395,4 +424,10 @@ def _make_plan(best, global_batch_size, replicas, budget, considered=()):
         optimizer=best.get("optimizer"),
         sharding=best.get("sharding"),
         base_optimizer=best.get("optimizer_name", ""),
+        shard_parameters=bool(best.get("shard_parameters")),
     )
+
+
+def _changes_state(c) -> bool:
+    """Whether a candidate changes the optimizer or shards the state."""
+    return bool(c["optimizer"] or c["sharding"] or c.get("shard_parameters"))

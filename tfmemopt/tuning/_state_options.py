@@ -16,10 +16,14 @@ import inspect
 
 import keras
 
+from tfmemopt._utils import format_bytes
 from tfmemopt.distribute import ShardedOptimizer
 from tfmemopt.estimate._optimizer_state import optimizer_state_bytes
 
 SHARDING = "sharding"
+# `tfmemopt.Model(shard_parameters=True)`: weights, gradients and optimizer
+# state 1/R per replica (FSDP); an `alternatives` entry's third item.
+PARAMETERS = "parameters"
 OPTIMIZER_STATE = "optimizer_state"
 
 # 8-bit twins of Keras's Adam-like optimizers (same arguments).
@@ -56,9 +60,12 @@ def unwrap(optimizer):
 
 
 def alternatives(optimizer, allow, replicas) -> list[tuple]:
-    """`[(optimizer class name or None, sharding stage or None)]` to try,
-    least change first: sharded as it is (same updates), 8-bit twin,
-    8-bit sharded, then Adafactor (the least state)."""
+    """`[(optimizer class name or None, sharding stage or None,
+    shard_parameters)]` to try, least change first: the optimizer state
+    sharded as it is (same updates), the weights sharded too
+    (`shard_parameters`, same updates, one all-gather per weight read, no
+    accumulation), 8-bit twin, 8-bit sharded, 8-bit with the weights
+    sharded, then Adafactor (the least state)."""
     base = unwrap(optimizer)
     name = type(base).__name__
     already = isinstance(optimizer, ShardedOptimizer)
@@ -71,14 +78,15 @@ def alternatives(optimizer, allow, replicas) -> list[tuple]:
     small = OPTIMIZER_STATE in allow
     out = []
     if shard:
-        out.append((None, 1))
+        out += [(None, 1, False), (None, None, True)]
     if small and name in _EIGHT_BIT:
-        out.append((_EIGHT_BIT[name], None))
+        out.append((_EIGHT_BIT[name], None, False))
         if shard:
-            out.append((_EIGHT_BIT[name], 1))
+            out.append((_EIGHT_BIT[name], 1, False))
+            out.append((_EIGHT_BIT[name], None, True))
     no_state = name == "SGD" and not base.get_config().get("momentum")
     if small and name != "Adafactor" and not no_state:
-        out.append(("Adafactor", None))
+        out.append(("Adafactor", None, False))
     return out
 
 
@@ -145,6 +153,22 @@ def per_parameter(candidate) -> dict:
 def state_change_text(before, after, replicas) -> str:
     """Why the optimizer changes, in bytes per parameter per device."""
     b, a = per_parameter(before), per_parameter(after)
+    if after.get("shard_parameters"):
+        label = "shard_parameters=True" + (
+            f" with {after['optimizer']}" if after["optimizer"] else ""
+        )
+        return (
+            f"the model state with {before['optimizer_name']} "
+            f"({b['total']:.2f} bytes per parameter: {b['other']:.2f} "
+            f"weights and gradients + {b['optimizer_state']:.2f} optimizer "
+            f"state) leaves too little of the budget; {label} keeps 1/"
+            f"{replicas} of the weights, gradients and optimizer state per "
+            f"replica: {a['total']:.2f} bytes per parameter per replica, "
+            "plus the whole weights gathered for the step "
+            f"({format_bytes(after.get('gathered', 0))} alive at the peak; "
+            "costs one all-gather per weight read, and no accumulation; "
+            "see docs/sharding.md)"
+        )
     label = describe(None, after["optimizer"], after["sharding"])
     if after["optimizer"] is None:
         label = f"ShardedOptimizer({before['optimizer_name']}, stage=1)"
@@ -189,6 +213,8 @@ def sharding_per_parameter(optimizer="adam", replicas=2) -> dict:
         "unwrapped": 8.0 + state,
         "stage_1": 8.0 + sharded,
         "stage_2": 4.0 + (4.0 + state) / replicas,
+        # weights and gradients 1/R each, the state built on the shards
+        "shard_parameters": 8.0 / replicas + sharded,
     }
 
 
@@ -206,6 +232,12 @@ def sharding_lines(s: dict) -> list[str]:
         f"{s['weights']:.2f} + "
         f"{s['gradients'] + s['optimizer_state']:.2f}/{r} = "
         f"{s['stage_2']:.2f}).",
-        "  tfmemopt.plan(model, batch, budget) proposes it when the model "
+        "  tfmemopt.Model(..., shard_parameters=True) shards the weights "
+        f"and gradients too (FSDP): {s['unwrapped']:.2f} -> "
+        f"{s['shard_parameters']:.2f} bytes per parameter "
+        f"({s['unwrapped']:.2f}/{r}), plus the whole weights gathered for "
+        "the step (all of them without checkpointing; with it, those "
+        "outside the segments and the largest segment's), no accumulation.",
+        "  tfmemopt.plan(model, batch, budget) proposes them when the model "
         "state leaves too little memory (allow 'sharding').",
     ]

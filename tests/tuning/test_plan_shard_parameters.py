@@ -1,0 +1,71 @@
+"""plan() proposes `shard_parameters=True` (FSDP) when the model state does
+not fit even with the optimizer state sharded, and the strategy has
+replicas; the plan says what it keeps and what it costs (estimator only)."""
+
+from __future__ import annotations
+
+import inspect
+
+import keras
+import numpy as np
+
+import tfmemopt
+from tfmemopt.distribute import ShardedOptimizer
+
+MARGIN = inspect.signature(tfmemopt.plan).parameters["margin"].default
+
+
+def mlp():
+    # 1,351,690 parameters, mostly five 512x512 matrices; tiny activations.
+    model = keras.Sequential(
+        [keras.Input((64,))]
+        + [keras.layers.Dense(512) for _ in range(6)]
+        + [keras.layers.Dense(10)]
+    )
+    model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="mse")
+    return model
+
+
+def test_plan_shards_the_parameters_when_sharded_state_does_not_fit():
+    model = mlp()
+    stage1 = tfmemopt.estimate_memory(
+        model,
+        8,
+        optimizer=ShardedOptimizer(keras.optimizers.Adam()),
+        replicas=4,
+    )
+    fsdp = tfmemopt.estimate_memory(model, 8, replicas=4, shard_parameters=True)
+    budget = int(fsdp.total * 1.02 / (1 - MARGIN))
+    assert stage1.total > budget * (1 - MARGIN)  # stage 1 does not fit
+    p = tfmemopt.plan(
+        model,
+        8,
+        budget,
+        replicas=4,
+        allow=("accumulation", "checkpointing", "sharding"),
+    )
+    assert p.shard_parameters and p.sharding is None and p.optimizer is None
+    assert p.accumulation_steps == 1 and p.replicas == 4
+    assert p.estimated_peak <= budget * (1 - MARGIN)
+    assert p.model_kwargs["shard_parameters"] is True
+    assert "shard_parameters=True keeps 1/4" in p.why
+    assert "16.00 bytes per parameter" in p.why  # Adam, whole weights
+    assert "4.00 bytes per parameter per replica" in p.why  # 16 / 4
+    assert "shard_parameters=True" in str(p)
+    tried = [c for c in p.considered if c.get("shard_parameters")]
+    assert tried and all(c["accumulation_steps"] == 1 for c in tried)
+    # Applied (no strategy here: nothing is sharded, the flag is set).
+    applied = p.apply(model)
+    assert applied.shard_parameters is True
+    x = np.zeros((8, 64), "float32")
+    assert applied.predict(x, verbose=0).shape == (8, 10)
+    # One replica, or sharding not allowed: never proposed.
+    for kwargs in (
+        dict(replicas=1),
+        dict(replicas=4, allow=("accumulation", "optimizer_state")),
+    ):
+        try:
+            q = tfmemopt.plan(model, 8, budget, **kwargs)
+        except ValueError:
+            continue  # nothing else fits: also not proposed
+        assert not q.shard_parameters
