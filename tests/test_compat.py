@@ -82,6 +82,17 @@ class _Masked:
 
 # Private names read outside _compat: (where, object, attribute).
 _OTHER_PRIVATE = [
+    # Overridden: the EMA step in float32 for 16-bit weights.
+    (
+        "optimizers/_common",
+        keras.optimizers.Optimizer,
+        "_update_model_variables_moving_average",
+    ),
+    (
+        "optimizers/_common",
+        keras.optimizers.Optimizer,
+        "_overwrite_model_variables_with_average_value",
+    ),
     ("checkpointing, precision/_advice", keras.KerasTensor, "_keras_history"),
     ("accumulation/_loss_normalization", keras.Model, "_compile_loss"),
     ("checkpointing/_apply", keras.layers.Layer, "_inbound_nodes"),
@@ -209,6 +220,7 @@ _OPTIMIZER_PRIVATE = [
     ("trainable_variables_of", "sgd", "_trainable_variables"),
     ("nadam_u_product", "nadam", "_u_product"),
     ("ema_averages", "ema", "_model_variables_moving_average"),
+    ("ema_slots", "ema", "_model_variables_moving_average"),
     ("update_ema", "ema", "_update_model_variables_moving_average"),
     ("skip_optimizer_all_reduce", "sgd", "_all_reduce_sum_gradients"),
     ("skip_optimizer_all_reduce", "sgd", "_clip_gradients"),

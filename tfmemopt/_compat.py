@@ -160,6 +160,12 @@ def ema_averages(optimizer) -> list:
     return [a for a in averages or [] if a is not None]
 
 
+def ema_slots(optimizer) -> list:
+    """The EMA copies of the parameters, one per trainable variable, None
+    where Keras keeps none (`_model_variables_moving_average`)."""
+    return list(optimizer._model_variables_moving_average)
+
+
 def update_ema(optimizer, variables) -> None:
     """One EMA step of the averages towards `variables`
     (`_update_model_variables_moving_average`)."""

@@ -279,3 +279,67 @@ def test_kahan_buffers_saved_relaid_dropped_or_started_at_zero():
     fresh.build([w])
     fresh.load_own_variables(store)
     assert not np.any(kahan(fresh))
+
+
+def _steps(opt, w, g, n):
+    @tf.function
+    def step():
+        opt.apply_gradients([(g, w)])
+
+    for _ in range(n):
+        step()
+
+
+def test_ema_of_bfloat16_weights_is_float32_and_keeps_moving():
+    """`use_ema=True`: the averages of 16-bit weights are float32 (a
+    bfloat16 average moves by (1 - 0.99) * (w - average), under half an ulp
+    once the weights move slowly, and stalls); float32 weights keep Keras's
+    own EMA bit for bit."""
+
+    def make(**kw):
+        return lambda: AdamW8bit(
+            1e-4, min_8bit_size=0, use_ema=True, ema_momentum=0.99, **kw
+        )
+
+    ref, ref_opt = _run(make(), "float32", 1.0, steps=200, shape=(512,))
+    (ref_avg,) = [v for v in ref_opt.variables if v.name.endswith("average")]
+    # the average lags the weight by about 0.99 / 0.01 steps of 1e-4
+    moved = 1.0 - float(np.mean(ref_avg.numpy()))
+    assert 0.008 < moved < 0.0125 and 1.0 - ref.mean() > moved + 0.005
+    # Keras's own EMA step, on a twin with the same weights: bit for bit.
+    w = keras.Variable(np.ones((512,), np.float32))
+    twin = make()()
+    twin._update_model_variables_moving_average = (
+        keras.optimizers.Optimizer._update_model_variables_moving_average
+    ).__get__(twin)
+    twin.build([w])
+    _steps(twin, w, tf.ones((512,)), 200)
+    np.testing.assert_array_equal(w.numpy(), ref)
+    (twin_avg,) = [v for v in twin.variables if v.name.endswith("average")]
+    np.testing.assert_array_equal(twin_avg.numpy(), ref_avg.numpy())
+
+    for mode in (None, "kahan"):
+        w, opt = _run(
+            make(bf16_update=mode), "bfloat16", 1.0, steps=200, shape=(512,)
+        )
+        (avg,) = [v for v in opt.variables if v.name.endswith("average")]
+        assert avg.dtype == "float32"
+        # within 3% of float32's movement (stochastic rounding noise)
+        got = 1.0 - float(np.mean(avg.numpy()))
+        assert got == pytest.approx(moved, rel=0.03)
+        # written back into the weights (rounded to bfloat16)
+        opt.finalize_variable_values([w_var := opt._trainable_variables[0]])
+        np.testing.assert_array_equal(
+            keras.ops.convert_to_numpy(keras.ops.cast(w_var, "float32")),
+            keras.ops.convert_to_numpy(
+                keras.ops.cast(keras.ops.cast(avg, "bfloat16"), "float32")
+            ),
+        )
+    # a bfloat16 average (Keras's Adam family, and what tfmemopt did
+    # before) stalls at 1.0: shown with Keras's SGD of the same steps.
+    w = keras.Variable(np.ones((512,), np.float32), dtype="bfloat16")
+    sgd = keras.optimizers.SGD(1e-4, use_ema=True, ema_momentum=0.99)
+    sgd.build([w])
+    _steps(sgd, w, tf.ones((512,), tf.bfloat16), 200)
+    (sgd_avg,) = [v for v in sgd.variables if v.name.endswith("average")]
+    assert float(keras.ops.max(keras.ops.cast(sgd_avg, "float32"))) == 1.0

@@ -172,6 +172,20 @@ def _adamw8bit_kahan():
     )
 
 
+def _adamw8bit_ema():
+    # The EMA of bfloat16 weights is float32, saved with the state; written
+    # into the weights every 2 steps, so that a lost average shows.
+    return AdamW8bit(
+        1e-2,
+        weight_decay=0.01,
+        block_size=64,
+        min_8bit_size=64,
+        use_ema=True,
+        ema_momentum=0.9,
+        ema_overwrite_frequency=2,
+    )
+
+
 def _sharded(stage, inner):
     def make():
         return tfmemopt.ShardedOptimizer(inner(), stage=stage)
@@ -270,10 +284,10 @@ CASES = {
         {"checkpointing": "auto"},
         "mixed_bfloat16",
     ),
-    # bfloat16 weights (#25): stochastic rounding keyed by the step, and a
-    # Kahan buffer saved with the state.
-    "functional/bfloat16+adamw8bit": Case(
-        "functional", _adamw8bit, policy="bfloat16"
+    # bfloat16 weights (#25): stochastic rounding keyed by the step, its
+    # float32 EMA, and a Kahan buffer saved with the state.
+    "functional/bfloat16+adamw8bit_ema": Case(
+        "functional", _adamw8bit_ema, policy="bfloat16"
     ),
     "functional/bfloat16+adamw8bit_kahan+accumulation": Case(
         "functional",

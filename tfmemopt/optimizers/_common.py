@@ -280,6 +280,77 @@ class StateOptimizer(keras.optimizers.Optimizer):
     def _add_state(self, variable, prefix) -> None:
         raise NotImplementedError
 
+    # -- EMA of 16-bit weights -----------------------------------------------
+
+    def add_variable_from_reference(
+        self, reference_variable, name=None, initializer="zeros"
+    ):
+        """Keras's, except the EMA averages (`use_ema=True`) of bfloat16
+        and float16 weights: those are float32. A 16-bit average moves by
+        `(1 - ema_momentum) * (w - average)`, under half an ulp of it once
+        the weights settle, so it would stall."""
+        dtype = keras.backend.standardize_dtype(reference_variable.dtype)
+        if not (
+            name == "average" and self.use_ema and tf.as_dtype(dtype) in lp.LOW
+        ):
+            return super().add_variable_from_reference(
+                reference_variable, name=name, initializer=initializer
+            )
+        path = getattr(reference_variable, "path", None)
+        label = f"{path.replace('/', '_')}_{name}" if path else name
+        target = getattr(reference_variable, "value", reference_variable)
+        strategy = tf.distribute.get_strategy()
+        with strategy.extended.colocate_vars_with(target):
+            return self.add_variable(
+                tuple(reference_variable.shape),
+                initializer=initializer,
+                dtype="float32",
+                name=label,
+            )
+
+    def _update_model_variables_moving_average(self, trainable_variables):
+        # Keras's EMA step, in float32: Keras casts `ema_momentum` to the
+        # weight's dtype (bfloat16(0.99) == 0.98828125) and multiplies in
+        # it. For float32 weights the same ops in the same order as Keras.
+        if not self.use_ema:
+            return
+        f32 = tf.float32
+        first = tf.equal(self.iterations, 0)
+        momentum = tf.cast(tf.logical_not(first), f32) * self.ema_momentum
+        for var, average in zip(trainable_variables, _compat.ema_slots(self)):
+            if average is None:
+                continue
+            value = momentum * tf.cast(average, f32) + (1 - momentum) * (
+                tf.cast(var, f32)
+            )
+            average.assign(tf.cast(value, average.dtype))
+
+    def _overwrite_model_variables_with_average_value(
+        self, trainable_variables
+    ):
+        # Keras's, with the float32 average of a 16-bit weight cast to the
+        # weight's dtype (Keras's TensorFlow `assign` refuses the mismatch).
+        averages = _compat.ema_slots(self)
+        if all(
+            a is None or a.dtype == v.dtype
+            for v, a in zip(trainable_variables, averages)
+        ):
+            return super()._overwrite_model_variables_with_average_value(
+                trainable_variables
+            )
+        strategy = _compat.optimizer_strategy(
+            self, tf.distribute.get_strategy()
+        )
+        for var, average in zip(trainable_variables, averages):
+            if average is None:
+                continue
+            target = var.value if isinstance(var, keras.Variable) else var
+            strategy.extended.update(
+                target,
+                lambda a, b: a.assign(tf.cast(b, a.dtype)),
+                args=(average,),
+            )
+
     def write_state_bytes(self, shape, dtype="float32") -> int:
         """Bytes the weight write keeps for a variable of `shape` and
         `dtype`: its Kahan buffer (the variable's own size) with
