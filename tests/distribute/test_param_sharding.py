@@ -82,7 +82,8 @@ OPTS = {
         0.05, momentum=0.9, global_clipnorm=0.05),
     "adam": lambda m: keras.optimizers.Adam(1e-2),
     "adam_ema": lambda m: keras.optimizers.Adam(
-        1e-2, use_ema=True, ema_momentum=0.9),
+        keras.optimizers.schedules.ExponentialDecay(1e-2, 1, 0.8),
+        use_ema=True, ema_momentum=0.9),
     "adamw8bit": lambda m: AdamW8bit(
         3e-3, weight_decay=0.05, block_size=64, min_8bit_size=256),
 }
@@ -249,13 +250,6 @@ for name in ("adamw", "sgd_global_clipnorm", "adamw8bit"):
         # The floor: Keras's own optimizer under the strategy.
         _, b, row["bytes_plain"], _ = train(STRATEGY, name, False)
         row["keras_floor"] = rel(b, c, w0)
-        # Accumulation (3 micro-batches of 3, 3, 2 per replica) against the
-        # full batch on one device: one schedule step and one decay per
-        # window, each replica accumulating its part of the summed gradient.
-        _, e, _, me = train(STRATEGY, name, True, steps=3)
-        row["accumulation_vs_one"] = rel(e, c, w0)
-        row["accumulated_on_shards"] = [
-            list(v.shape) for v in me.trainable_variables]
         # No strategy: shard_parameters=True changes nothing, bit for bit.
         _, d, _, m1 = train(ONE, "adamw", True)
         out["one_device"] = {
@@ -266,15 +260,22 @@ for name in ("adamw", "sgd_global_clipnorm", "adamw8bit"):
     elif name == "adamw8bit":
         row["bytes_plain"] = built_bytes(name, False)
     out[name] = row
-# EMA with accumulation (4 micro-batches) on batches of run-time size (16
-# and 14): the averages (1/R) replace the weights when fit ends, as on one
-# device; the floor is Keras's own under the strategy, measured here.
+# Accumulation (4 micro-batches per replica, traced one by one) against
+# the full batch on one device, with EMA and a schedule (one step per
+# window), on batches of run-time size (16 and 14). Each replica
+# accumulates its part of the summed gradient (shard-sized accumulators);
+# the averages (1/R) replace the weights when fit ends, as on one device.
+# The floor is the same accumulation unsharded under the strategy: Adam
+# amplifies the sums' order (2.3e-4 of the change, 3.8x Keras's own floor
+# without accumulation, and as much on one device).
 w0, c, _, _ = train(ONE, "adam_ema", False, n=30)
-_, b, _, _ = train(STRATEGY, "adam_ema", False, n=30)
-_, e, _, _ = train(STRATEGY, "adam_ema", True, steps=4, n=30)
+_, b, _, _ = train(STRATEGY, "adam_ema", False, steps=4, n=30)
+_, e, _, me = train(STRATEGY, "adam_ema", True, steps=4, n=30)
 _, f, _, _ = train(ONE, "adam", False, n=30)
-out["ema"] = {"vs_one": rel(e, c, w0), "keras_floor": rel(b, c, w0),
-              "ema_vs_none": rel(f, c, w0)}
+out["ema"] = {"vs_one": rel(e, c, w0), "floor": rel(b, c, w0),
+              "ema_vs_none": rel(f, c, w0),
+              "iterations": int(me.optimizer.iterations.numpy()),
+              "accumulated": [list(v.shape) for v in me.trainable_variables]}
 # Activation checkpointing: the recompute in the backward pass gathers
 # the checkpointed layer's weights again (counted while the step traces).
 from tfmemopt.distribute import _param_shard
@@ -399,18 +400,15 @@ def test_shard_parameters_two_then_four_replicas(tmp_path):
     ema = out.pop("ema")
     # The averaged weights, not the last ones: far from a run without EMA.
     assert ema["ema_vs_none"] > 0.05, ema
-    assert ema["vs_one"] <= max(2 * ema["keras_floor"], 1e-6), ema
+    assert ema["vs_one"] <= max(1.2 * ema["floor"], 1e-6), ema
+    assert ema["iterations"] == 4, ema  # one update per batch, 2 epochs
+    assert ema["accumulated"] == out["adamw"]["shard_shapes"], ema
     mixed = out.pop("mixed_float16")
     assert set(mixed["dtypes"].values()) == {"float16"}, mixed
     assert mixed["vs_one"] <= 1.2 * mixed["keras_floor"], mixed
     floor = out["adamw"]["keras_floor"]
     assert out["adamw"]["predict"] <= 1e-5, out["adamw"]
     assert out["adamw"]["evaluate"] <= 1e-5, out["adamw"]
-    # Accumulated against the full batch, within the same floor; the
-    # accumulators are the shards' size (ceil(n / 2)), not the weights'.
-    assert out["adamw"]["accumulation_vs_one"] <= max(2 * floor, 1e-6), out
-    assert (out["adamw"].pop("accumulated_on_shards")
-            == out["adamw"]["shard_shapes"]), out["adamw"]
     for name, r in out.items():
         # As close to one device as Keras's own optimizer under the
         # strategy (floor measured here; all-reduce order).

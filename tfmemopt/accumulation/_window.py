@@ -6,6 +6,12 @@ and which variables receive gradients, which fixes the accumulators'
 structure. The remaining full micro-batches run in a `tf.while_loop` with
 `parallel_iterations=1` (the default of 10 keeps several micro-batches'
 activations alive), then the short tail micro-batch, if any.
+
+Under `shard_parameters=True` the micro-batches are traced one after
+another in Python instead (`_run_unrolled`): each layer's all-gather and
+its gradient (an all-reduce) call `merge_call`, which cannot run inside a
+`tf.while_loop` or `tf.cond` in a replica, and the raw collective ops that
+take explicit keys time out there (each replica's loop is its own frame).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from tfmemopt.accumulation import _loss_normalization as ln
 from tfmemopt.accumulation._micro_batching import slice_batch
 from tfmemopt.accumulation._sparse_rows import reads_batch
 from tfmemopt.distribute import _hooks as _dist
+from tfmemopt.distribute._gather_order import gathers_after
 from tfmemopt.longseq._takeover import training_forward
 
 # What the first trace of a micro-step revealed (static structure):
@@ -263,6 +270,8 @@ class _Window:
         return range(int(self.spec.has_static) + len(self.spec.dynamic))
 
     def run(self):
+        if getattr(self.model, "_shards", None) is not None:
+            return self._run_unrolled()
         plan = self.plan
         acc, rows = self._first(self.micro_step(0, plan.size))
         pieces = [rows]
@@ -284,6 +293,51 @@ class _Window:
                 lambda: (acc, self._empty_rows()),
             )
             pieces.append(tail_rows)
+        return self._finish(acc, self._concat_rows(pieces))
+
+    def _cuts(self):
+        """(start, size) of each micro-batch, for `_run_unrolled`.
+
+        A static batch is cut as the plan says. A batch whose size is known
+        only at run time is cut into exactly `accumulation_steps` parts as
+        even as possible (sizes differ by at most one, none above the
+        plan's `ceil(B / N)`); a part is empty only when the batch has
+        fewer than N samples.
+        """
+        plan = self.plan
+        if plan.is_static:
+            cuts = [(i * plan.size, plan.size) for i in range(plan.num_full)]
+            if plan.tail > 0:
+                cuts.append((plan.num_full * plan.size, plan.tail))
+            return cuts
+        steps = self.model.accumulation_steps or 1
+        base, extra = plan.batch_size // steps, plan.batch_size % steps
+        return [
+            (i * base + tf.minimum(i, extra), base + tf.cast(i < extra, tf.int32))
+            for i in range(steps)
+        ]
+
+    def _run_unrolled(self):
+        """The window with each micro-batch traced in turn (FSDP).
+
+        The grads are taken with respect to the shards, so each replica's
+        accumulators hold only its 1/R of the summed gradient. Each
+        micro-batch's slice starts only once the previous one is added
+        (`_after`), and its all-gathers wait for that start
+        (`gathers_after`), so one micro-batch's activations and gathered
+        weights are alive at a time.
+        """
+        acc, pieces = None, []
+        for i, (start, size) in enumerate(self._cuts()):
+            if acc is not None:
+                start = _after(acc, start)
+            with gathers_after(start):
+                out = self.micro_step(start, size)
+            new, rows = self._first(out) if acc is None else self._pack(out)
+            if not isinstance(size, int):
+                new = _zero_if_empty(new, size)
+            acc = new if acc is None else tf.nest.map_structure(tf.add, acc, new)
+            pieces.append(rows)
         return self._finish(acc, self._concat_rows(pieces))
 
     def _concat_rows(self, pieces):
@@ -442,6 +496,14 @@ class _Window:
             ):
                 metric.update_state(value * self.replicas, sample_weight=batch)
         return model.get_metrics_result()
+
+
+def _zero_if_empty(acc, size):
+    """An empty micro-batch's contribution, zero (its means are 0 / 0)."""
+    keep = size > 0
+    return tf.nest.map_structure(
+        lambda t: tf.where(keep, t, tf.zeros_like(t)), acc
+    )
 
 
 def run_window(model, x, y, sample_weight, plan):

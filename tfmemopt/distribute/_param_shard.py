@@ -28,6 +28,7 @@ import contextlib
 import numpy as np
 import tensorflow as tf
 
+from tfmemopt.distribute._gather_order import ordered
 from tfmemopt.distribute._gradients import clip
 from tfmemopt.distribute._gradients import clipping_of
 from tfmemopt.distribute._gradients import count_non_finite
@@ -73,7 +74,7 @@ class ShardedValue:
     def whole_from_part(self, part):
         """The whole weight from this replica's `part` (an all-gather)."""
         ctx = tf.distribute.get_replica_context()
-        whole = ctx.all_gather(part, axis=0)
+        whole = ctx.all_gather(ordered(part), axis=0)
         blocks = tf.reshape(whole, [self.layout.replicas, self.layout.c])
         return self.layout.assemble(blocks)
 
@@ -317,6 +318,32 @@ def _prepare_optimizer(inner, originals, shards, excluded=None) -> None:
             var_list=[s for w, s in zip(originals, shards) if id(w) in excluded]
         )
     _compat.skip_optimizer_all_reduce(inner)
+    _finalize_on_shards(inner, originals, shards)
+
+
+def _finalize_on_shards(inner, originals, shards) -> None:
+    """`fit` ends with `finalize_variable_values(model.trainable_weights)`
+    (with `use_ema=True`, the weights take their moving averages); the
+    whole weights have no variable to assign, so each replica's average
+    (1/R, kept beside its part) is written into its part of the shard."""
+    if getattr(inner, "ema_overwrite_frequency", None):
+        raise ValueError(
+            "shard_parameters=True cannot use ema_overwrite_frequency="
+            f"{inner.ema_overwrite_frequency}: Keras overwrites the weights "
+            "with their averages inside a cond in the train step, which "
+            "fails under MirroredStrategy (Keras's own optimizer too: "
+            "'merge_call called while defining a new graph'). Use "
+            "use_ema=True without ema_overwrite_frequency (the averages "
+            "replace the weights when fit ends), or "
+            "keras.callbacks.SwapEMAWeights."
+        )
+    by_id = {id(w): s for w, s in zip(originals, shards)}
+    finalize = type(inner).finalize_variable_values
+
+    def on_shards(var_list):
+        return finalize(inner, [by_id.get(id(v), v) for v in var_list])
+
+    object.__setattr__(inner, "finalize_variable_values", on_shards)
 
 
 def _check_model(model) -> None:
@@ -328,15 +355,14 @@ def _check_model(model) -> None:
             "(call it on a batch, or `model.build(input_shape)`), inside "
             "the strategy's scope, then compile."
         )
-    steps = getattr(model, "accumulation_steps", None)
-    if getattr(model, "micro_batch_size", None) is not None or (steps or 1) > 1:
+    if getattr(model, "micro_batch_size", None) is not None:
         raise ValueError(
-            "shard_parameters=True does not combine with accumulation_steps "
-            "or micro_batch_size yet: the all-gather of the weights cannot "
-            "run inside the micro-batch loop (tf.while_loop). Use either "
-            "shard_parameters=True with whole batches (lower the batch "
-            "size), or accumulation without parameter sharding (with "
-            "tfmemopt.ShardedOptimizer for the optimizer state)."
+            "shard_parameters=True does not combine with micro_batch_size="
+            f"{model.micro_batch_size}: under parameter sharding the "
+            "micro-batches are traced one by one (the all-gather of the "
+            "weights cannot run inside a tf.while_loop), so their number "
+            "must be bounded. Use accumulation_steps=N instead (at most N "
+            "micro-batches per batch)."
         )
 
 
