@@ -8,6 +8,7 @@ import inspect
 
 import keras
 import numpy as np
+import pytest
 
 import tfmemopt
 from tfmemopt.distribute import ShardedOptimizer
@@ -69,3 +70,36 @@ def test_plan_shards_the_parameters_when_sharded_state_does_not_fit():
         except ValueError:
             continue  # nothing else fits: also not proposed
         assert not q.shard_parameters
+
+
+def test_plan_proposes_bfloat16_weights_when_no_float32_state_fits():
+    from tfmemopt.optimizers import Adafactor
+    from tfmemopt.optimizers import AdamW8bit
+
+    model = mlp()
+    factored = tfmemopt.estimate_memory(model, 8, optimizer=Adafactor())
+    bf16 = tfmemopt.estimate_memory(
+        model, 8, optimizer=AdamW8bit(), policy="bfloat16"
+    )
+    # bfloat16 weights + 8-bit moments hold less than float32 weights and
+    # gradients alone (8 bytes per parameter).
+    assert bf16.parameters + bf16.gradients == model.count_params() * 4
+    budget = int(bf16.total * 1.02 / (1 - MARGIN))
+    assert factored.total > budget * (1 - MARGIN)
+    p = tfmemopt.plan(model, 8, budget, replicas=1)
+    assert p.policy == "bfloat16" and p.optimizer == "Adam8bit"
+    assert p.estimated_peak <= budget * (1 - MARGIN)
+    assert "bfloat16 weights (policy 'bfloat16')" in p.why
+    assert "2-byte gradients" in p.why and "seed spread" in p.why
+    applied = p.apply(model)
+    assert any(w.dtype == "bfloat16" for w in applied.weights)
+    assert applied.optimizer.bf16_update is None  # stochastic rounding
+    # Without 'mixed_precision' allowed: not proposed (nothing fits).
+    with pytest.raises(ValueError):
+        tfmemopt.plan(
+            model,
+            8,
+            budget,
+            replicas=1,
+            allow=("accumulation", "checkpointing", "optimizer_state"),
+        )

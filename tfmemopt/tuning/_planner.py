@@ -248,13 +248,18 @@ def plan(
     search()
     # The model state leaves too little room: shrink the state itself,
     # least change first (sharded, 8-bit, both, factored).
-    for name, stage, params in state_options.alternatives(
-        base, allow, replicas
-    ):
+    original = list(policies)
+    for alt in state_options.alternatives(base, allow, replicas, policies[0]):
         if choose(considered, limit) is not None:
             break
-        new = state_options.make_optimizer(base, name, stage)
-        option.update(optimizer=name, sharding=stage, opt=new, params=params)
+        new = state_options.make_optimizer(base, alt.name, alt.stage)
+        option.update(
+            optimizer=alt.name,
+            sharding=alt.stage,
+            opt=new,
+            params=alt.shard_parameters,
+        )
+        policies[:] = [alt.policy] if alt.policy else original
         search()
 
     def make(best) -> Plan:

@@ -13,6 +13,7 @@ in bytes per parameter measured by the estimator's own counting.
 from __future__ import annotations
 
 import inspect
+from typing import NamedTuple
 
 import keras
 
@@ -20,6 +21,7 @@ from tfmemopt._utils import format_bytes
 from tfmemopt.distribute import ShardedOptimizer
 from tfmemopt.estimate._optimizer_state import optimizer_state_bytes
 
+BF16 = "bfloat16"
 SHARDING = "sharding"
 # `tfmemopt.Model(shard_parameters=True)`: weights, gradients and optimizer
 # state 1/R per replica (FSDP); an `alternatives` entry's third item.
@@ -59,13 +61,25 @@ def unwrap(optimizer):
     return optimizer
 
 
-def alternatives(optimizer, allow, replicas) -> list[tuple]:
-    """`[(optimizer class name or None, sharding stage or None,
-    shard_parameters)]` to try, least change first: the optimizer state
+class Alternative(NamedTuple):
+    """One change of the model state `plan` may try: tfmemopt's optimizer
+    `name` (None: keep it), `ShardedOptimizer`'s `stage`, the weights
+    sharded (`shard_parameters`) or stored in `policy` ("bfloat16")."""
+
+    name: str | None = None
+    stage: int | None = None
+    shard_parameters: bool = False
+    policy: str | None = None
+
+
+def alternatives(optimizer, allow, replicas, policy="float32") -> list:
+    """The `Alternative`s to try, least change first: the optimizer state
     sharded as it is (same updates), the weights sharded too
     (`shard_parameters`, same updates, one all-gather per weight read, no
     accumulation), 8-bit twin, 8-bit sharded, 8-bit with the weights
-    sharded, then Adafactor (the least state)."""
+    sharded, Adafactor (the least state), then, when no float32-weight
+    state fits, bfloat16 weights with the 8-bit twin (stochastic
+    rounding; a float32 `policy` and 'mixed_precision' allowed)."""
     base = unwrap(optimizer)
     name = type(base).__name__
     already = isinstance(optimizer, ShardedOptimizer)
@@ -78,15 +92,19 @@ def alternatives(optimizer, allow, replicas) -> list[tuple]:
     small = OPTIMIZER_STATE in allow
     out = []
     if shard:
-        out += [(None, 1, False), (None, None, True)]
+        out += [Alternative(stage=1), Alternative(shard_parameters=True)]
     if small and name in _EIGHT_BIT:
-        out.append((_EIGHT_BIT[name], None, False))
+        twin = _EIGHT_BIT[name]
+        out.append(Alternative(twin))
         if shard:
-            out.append((_EIGHT_BIT[name], 1, False))
-            out.append((_EIGHT_BIT[name], None, True))
+            out.append(Alternative(twin, stage=1))
+            out.append(Alternative(twin, shard_parameters=True))
     no_state = name == "SGD" and not base.get_config().get("momentum")
     if small and name != "Adafactor" and not no_state:
-        out.append(("Adafactor", None, False))
+        out.append(Alternative("Adafactor"))
+    if small and name in _EIGHT_BIT and "mixed_precision" in allow:
+        if policy == "float32":  # when no float32-weight state fits
+            out.append(Alternative(_EIGHT_BIT[name], policy=BF16))
     return out
 
 
@@ -153,6 +171,23 @@ def per_parameter(candidate) -> dict:
 def state_change_text(before, after, replicas) -> str:
     """Why the optimizer changes, in bytes per parameter per device."""
     b, a = per_parameter(before), per_parameter(after)
+    if after["policy"] == BF16 and before["policy"] != BF16:
+        return (
+            f"the model state with {before['optimizer_name']} "
+            f"({b['total']:.2f} bytes per parameter: {b['other']:.2f} "
+            f"weights and gradients + {b['optimizer_state']:.2f} optimizer "
+            "state) leaves too little of the budget, also with 8-bit "
+            "state; bfloat16 weights (policy 'bfloat16') with "
+            f"tfmemopt.optimizers.{after['optimizer']} (bf16_update "
+            f"stochastic) keep {a['total']:.2f} bytes per parameter "
+            f"({a['other']:.2f} weights and gradients + "
+            f"{a['optimizer_state']:.2f} optimizer state). What it costs: "
+            "2-byte gradients and bfloat16 compute, and weights rounded to "
+            "bfloat16 at each update: stochastic rounding reached the "
+            "float32-weight loss within the seed spread on the benchmarks "
+            "of docs/optimizers.md (an MLP, a small LM), not proven for "
+            "every model: compare a few epochs with float32 weights first"
+        )
     if after.get("shard_parameters"):
         label = "shard_parameters=True" + (
             f" with {after['optimizer']}" if after["optimizer"] else ""
