@@ -343,3 +343,49 @@ def test_ema_of_bfloat16_weights_is_float32_and_keeps_moving():
     _steps(sgd, w, tf.ones((512,), tf.bfloat16), 200)
     (sgd_avg,) = [v for v in sgd.variables if v.name.endswith("average")]
     assert float(keras.ops.max(keras.ops.cast(sgd_avg, "float32"))) == 1.0
+
+
+def test_lazy_sparse_weight_decay_only_on_present_rows():
+    """`lazy_sparse=True` with weight decay: only the rows present in the
+    sparse gradient decay, for float32 and bfloat16 weights alike (Keras's
+    decay of the whole variable would shrink absent rows too); a dense
+    gradient still decays every row."""
+    start = np.random.default_rng(0).uniform(1.0, 2.0, (64, 8))
+    rows = tf.constant([3, 17, 40])
+    grad = tf.IndexedSlices(tf.ones((3, 8)), rows, tf.constant([64, 8]))
+    absent = np.setdiff1d(np.arange(64), rows.numpy())
+
+    def train(dtype, lazy, sparse=True, steps=20):
+        w = keras.Variable(start.astype(np.float32), dtype=dtype)
+        opt = AdamW8bit(
+            1e-2, weight_decay=0.5, min_8bit_size=0, lazy_sparse=lazy
+        )
+        opt.build([w])
+        g = grad if sparse else tf.convert_to_tensor(grad)
+        g = tf.cast(g.values, w.dtype) if sparse else tf.cast(g, w.dtype)
+        if sparse:
+            g = tf.IndexedSlices(g, rows, tf.constant([64, 8]))
+        _steps(opt, w, g, steps)
+        return np.asarray(keras.ops.cast(w, "float32"))
+
+    dense = train("float32", False)
+    for dtype in ("float32", "bfloat16"):
+        lazy = train(dtype, True)
+        first = np.asarray(keras.ops.cast(start.astype(np.float32), dtype))
+        np.testing.assert_array_equal(lazy[absent], first[absent])
+        # present rows: the step and the decay (0.2 + ~0.14 over the 20
+        # steps), as the dense update's rows; bfloat16's stochastic rounding
+        # walks by up to a few ulps (2^-7 in [1, 2)) per element.
+        got, want = lazy[rows.numpy()], dense[rows.numpy()]
+        if dtype == "float32":
+            np.testing.assert_allclose(got, want, atol=1e-6)
+        else:
+            np.testing.assert_allclose(got, want, atol=4 * 2.0**-7)
+            assert abs(float(np.mean(got - want))) < 0.01
+    # the dense update decays absent rows: (1 - 0.5 * 1e-2) ** 20 = 0.905
+    np.testing.assert_allclose(
+        dense[absent], start[absent] * 0.995**20, rtol=1e-5
+    )
+    # a dense gradient with lazy_sparse decays every row
+    whole = train("float32", True, sparse=False)
+    np.testing.assert_allclose(whole, dense, rtol=1e-6)

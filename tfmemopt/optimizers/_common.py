@@ -209,6 +209,9 @@ class _LowPrecision:
 
     def __init__(self):
         self.kahan = []
+        # `_var_key`s of the variables whose weight decay the weight write
+        # makes (lazy sparse rows), set by `apply`.
+        self.lazy_decay = frozenset()
 
 
 class StateOptimizer(keras.optimizers.Optimizer):
@@ -370,9 +373,39 @@ class StateOptimizer(keras.optimizers.Optimizer):
 
     def folds_weight_decay(self, variable) -> bool:
         """Whether this optimizer applies `variable`'s weight decay inside
-        its float32 step (bfloat16 and float16 weights) instead of Keras's
-        decay in the variable's dtype. `ShardedOptimizer` asks it."""
-        return lp.mode_for(self.bf16_update, variable.dtype) is not None
+        its float32 step (bfloat16 and float16 weights, and variables
+        updated as lazy sparse rows, whose absent rows are not decayed)
+        instead of Keras's decay of the whole variable in its dtype.
+        `ShardedOptimizer` asks it."""
+        return lp.mode_for(
+            self.bf16_update, variable.dtype
+        ) is not None or self._decays_lazily(variable)
+
+    def _decays_lazily(self, variable) -> bool:
+        keys = self._low.lazy_decay
+        return bool(keys) and _compat.var_key(self, variable) in keys
+
+    def _lazy_gradient(self, gradient) -> bool:
+        """Whether `gradient` updates only its rows (`lazy_sparse`)."""
+        return False
+
+    def apply(self, grads, trainable_variables=None):
+        grads = list(grads)
+        variables = trainable_variables
+        if variables is None and self.built:
+            variables = _compat.trainable_variables_of(self)
+        keys = frozenset()
+        if variables is not None and self.weight_decay is not None:
+            keys = frozenset(
+                _compat.var_key(self, v)
+                for g, v in zip(grads, list(variables))
+                if self._lazy_gradient(g)
+            )
+        # Kept after the step (not reset): Keras's decay and the weight
+        # write read it at different times, in each replica's thread under
+        # MirroredStrategy, and both must see the same set.
+        self._low.lazy_decay = keys
+        return super().apply(grads, trainable_variables)
 
     def _apply_weight_decay(self, variables):
         if self.weight_decay is None:
@@ -401,6 +434,13 @@ class StateOptimizer(keras.optimizers.Optimizer):
                 delta = tf.cast(delta, target.dtype)
             else:
                 delta = masked_delta(ok, delta, target.dtype)
+            decay = self._decay(variable)
+            if decay is not None and self._decays_lazily(variable):
+                # Only the rows present decay (also at a skipped step).
+                w = tf.convert_to_tensor(target)
+                w = w if rows is None else tf.gather(w, rows)
+                rate = tf.cast(decay[0] * decay[1], target.dtype)
+                delta = delta + w * rate
             if rows is not None:
                 return [target.scatter_sub(tf.IndexedSlices(delta, rows))]
             return [target.assign_sub(delta, read_value=False)]

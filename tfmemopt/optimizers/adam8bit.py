@@ -69,8 +69,9 @@ class Adam8bit(_common.StateOptimizer):
     Sparse gradients (`tf.IndexedSlices`, e.g. from `Embedding`): repeated
     rows are summed first, then the update is Keras's dense one (rows absent
     from the batch still have their moments decayed and still move). With
-    `lazy_sparse=True`, only the rows present are updated (their moments and
-    weights); the others are left alone, like TF1's `LazyAdam`.
+    `lazy_sparse=True`, only the rows present are updated (their moments,
+    weights and weight decay); the others are left alone, like TF1's
+    `LazyAdam`.
 
     Args:
         learning_rate: Float, `LearningRateSchedule` or callable, defaults to
@@ -300,6 +301,9 @@ class Adam8bit(_common.StateOptimizer):
             ]
         return [_common.assign_if(_common.raw(slot), value, ok)]
 
+    def _lazy_gradient(self, gradient) -> bool:
+        return self.lazy_sparse and isinstance(gradient, tf.IndexedSlices)
+
     def _update(self, gradient, variable, target, index, learning_rate):
         eight = self._state.is_8bit[index]
         slots = self._state.slots[index]
@@ -309,7 +313,7 @@ class Adam8bit(_common.StateOptimizer):
         b1 = tf.cast(self.beta_1, f32)
         b2 = tf.cast(self.beta_2, f32)
         alpha = lr * tf.sqrt(1 - tf.pow(b2, step)) / (1 - tf.pow(b1, step))
-        lazy = self.lazy_sparse and isinstance(gradient, tf.IndexedSlices)
+        lazy = self._lazy_gradient(gradient)
         if eight and not lazy:
             return self._update_8bit(
                 gradient, variable, target, index, slots, alpha
