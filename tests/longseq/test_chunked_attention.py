@@ -1,4 +1,4 @@
-"""attention="chunked": exact attention in query blocks, Keras's layers."""
+"""attention="chunked": exact attention in query and key blocks."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 import tfmemopt
+from tfmemopt.longseq import _attention
 from tfmemopt.longseq import dot_product_attention
 
 B, T, N, H = 2, 11, 3, 4
@@ -17,7 +18,17 @@ def _diff(a, b):
     return max(float(np.abs(p - q).max()) for p, q in zip(a, b))
 
 
-def test_equals_keras_dot_product_attention_and_its_gradient():
+# (MIN_ROWS, block elements / (B x N)): whole key rows in query blocks of 3;
+# query blocks of 4 x key blocks of 3, and of 3 x 5 (the last ones short);
+# everything in one block.
+BLOCKS = [(64, T * 3), (4, 4 * 3), (3, 3 * 5), (64, T * T)]
+
+
+@pytest.mark.parametrize("min_rows, per_head", BLOCKS)
+def test_equals_keras_dot_product_attention_and_its_gradient(
+    monkeypatch, min_rows, per_head
+):
+    monkeypatch.setattr(_attention, "MIN_ROWS", min_rows)
     rng = np.random.default_rng(0)
     q, k, v, d_out = (
         tf.constant(rng.normal(size=(B, T, N, H)), tf.float32) for _ in range(4)
@@ -30,7 +41,12 @@ def test_equals_keras_dot_product_attention_and_its_gradient():
         results = []
         for attend in (
             lambda: dot_product_attention(
-                q, k, v, mask=m, is_causal=causal, block_elements=B * N * T * 3
+                q,
+                k,
+                v,
+                mask=m,
+                is_causal=causal,
+                block_elements=B * N * per_head,
             ),
             lambda: keras.ops.dot_product_attention(
                 q, k, v, mask=m, is_causal=causal
@@ -75,7 +91,9 @@ def test_a_users_attention_stack_trains_as_keras():
     want = update(plain, ident)
     floor = _diff(want, update(_stack(), perm))
     model = tfmemopt.Model.wrap(_stack(), attention="chunked")
-    model.long_sequences.block_elements = 4 * 2 * T * 3  # 4 blocks of 3
+    # Fewer than MIN_ROWS rows of whole keys fit: all 11 query rows, key
+    # blocks of 3 (online softmax over 4 blocks).
+    model.long_sequences.block_elements = 4 * 2 * T * 3
     assert len(model.long_sequences.attention_layers) == 2
     got = update(model, ident)
     update_size = _diff(want, before)

@@ -1,15 +1,16 @@
-"""Exact dot-product attention over query blocks, in linear memory.
+"""Exact dot-product attention over query and key blocks, in linear memory.
 
 Keras 3 on TensorFlow builds the whole `(B, N, T, S)` score tensor (and a
 boolean mask of the same size), keeps the softmax for the backward pass,
-and refuses `flash_attention=True`. Here the queries are cut into blocks
-sized in elements (`B x N x rows x S` scores per block); a block's scores
-are computed, soft-maxed and multiplied by the values, then dropped. The
-custom gradient recomputes one block at a time in the backward pass, so
-only the inputs and the output are kept between the passes (the
-recompute-in-backward idea of FlashAttention and Rabe & Staats 2021; the
-softmax of a block is taken over whole key rows, which needs no running
-maximum and is exact).
+and refuses `flash_attention=True`. Here the scores are cut into blocks of
+`B x N x rows x cols` elements (sized in elements, not tokens). The forward
+pass runs over the key blocks of each query block with an online softmax
+(a running maximum, sum and output, as in FlashAttention and Rabe & Staats
+2021) and keeps only the output and each query's maximum and log-sum; the custom
+gradient recomputes one block at a time from them, so no score tensor
+survives between the passes. Blocks take whole key rows while at least
+`MIN_ROWS` query rows fit (one key block, the cheapest shape); only longer
+keys are cut.
 
 The arithmetic follows Keras's TensorFlow `dot_product_attention`:
 scores in float32 times `scale`, masked positions set to the same large
@@ -22,8 +23,11 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-# Scores (batch x heads x query rows x keys) per block: 4 Mi floats, 16 MiB.
-DEFAULT_BLOCK_ELEMENTS = 1 << 22
+# Scores (batch x heads x query rows x key columns) per block: 1 Mi floats,
+# 4 MiB a copy (the backward pass holds about five).
+DEFAULT_BLOCK_ELEMENTS = 1 << 20
+# Fewest query rows per block before the keys are cut into blocks too.
+MIN_ROWS = 64
 
 
 def _large_negative(dtype) -> float:
@@ -43,7 +47,7 @@ def dot_product_attention(
     *,
     block_elements: int = DEFAULT_BLOCK_ELEMENTS,
 ):
-    """`keras.ops.dot_product_attention`, computed in query blocks.
+    """`keras.ops.dot_product_attention`, computed in query and key blocks.
 
     Takes `keras.ops.dot_product_attention`'s arguments (`bias` must be
     `None`; no `flash_attention`, no soft-cap) plus the block size, and
@@ -93,118 +97,212 @@ def dot_product_attention(
     )
 
 
-def _block_rows(query, key, block_elements):
+def _block_shape(query, key, block_elements):
+    """Query rows and key columns per block, as scalar tensors."""
     shape_q = tf.shape(query)
-    per_row = shape_q[0] * shape_q[2] * tf.shape(key)[1]
-    return tf.maximum(1, block_elements // tf.maximum(per_row, 1))
+    t_len, s_len = shape_q[1], tf.shape(key)[1]
+    heads = tf.maximum(shape_q[0] * shape_q[2], 1)
+    whole = block_elements // tf.maximum(heads * s_len, 1)
+    least = tf.minimum(t_len, MIN_ROWS)
+    rows = tf.where(whole >= least, tf.minimum(whole, t_len), least)
+    rows = tf.maximum(rows, 1)
+    cols = tf.where(
+        whole >= least,
+        s_len,
+        tf.clip_by_value(block_elements // (heads * rows), 1, s_len),
+    )
+    return rows, tf.maximum(cols, 1)
 
 
-def _block_mask(mask, is_causal, start, rows, t_len, s_len):
-    """The block's mask, broadcastable to (B, N, rows, S), or None."""
+def _block_mask(mask, is_causal, q0, rows, k0, cols):
+    """The block's mask, broadcastable to (B, N, rows, cols), or None."""
     block = None
     if mask is not None:
-        if mask.shape[2] == 1:
-            block = mask
-        else:
-            block = mask[:, :, start : start + rows, :]
+        block = mask
+        if mask.shape[2] != 1:
+            block = block[:, :, q0 : q0 + rows]
+        if mask.shape[3] != 1:
+            block = block[:, :, :, k0 : k0 + cols]
     if is_causal:
-        q_idx = tf.range(start, tf.minimum(start + rows, t_len))
-        causal = q_idx[:, None] >= tf.range(s_len)[None, :]
+        q_idx = tf.range(q0, q0 + rows)
+        causal = q_idx[:, None] >= tf.range(k0, k0 + cols)[None, :]
         causal = causal[None, None]
         block = causal if block is None else tf.logical_and(block, causal)
     return block
 
 
-def _scores(q_blk, key, block_mask, scale):
-    s = tf.einsum("BTNH,BSNH->BNTS", q_blk, key)
+def _scores(q_blk, k_blk, block_mask, scale):
+    s = tf.einsum("BTNH,BSNH->BNTS", q_blk, k_blk)
     s = tf.cast(s, tf.float32) * scale
     if block_mask is not None:
         s = tf.where(block_mask, s, _large_negative(s.dtype))
     return s
 
 
+def _loop(n, body, loop_vars, invariants):
+    return tf.while_loop(
+        lambda i, *_: i < n,
+        body,
+        [tf.constant(0), *loop_vars],
+        shape_invariants=[tf.TensorShape([]), *invariants],
+        parallel_iterations=1,
+    )[1:]
+
+
+def _array(dtype, size):
+    return tf.TensorArray(
+        dtype, size=size, element_shape=tf.TensorShape(None), infer_shape=False
+    )
+
+
 def _attend(query, key, value, mask, scale, is_causal, block_elements):
+    any_shape = tf.TensorShape(None)
+
     @tf.custom_gradient
     def forward(q, k, v):
         t_len = tf.shape(q)[1]
         s_len = tf.shape(k)[1]
-        rows = _block_rows(q, k, block_elements)
-        blocks = (t_len + rows - 1) // rows
+        rows, cols = _block_shape(q, k, block_elements)
+        q_blocks = (t_len + rows - 1) // rows
+        k_blocks = (s_len + cols - 1) // cols
+        batch_heads = tf.stack([tf.shape(q)[0], tf.shape(q)[2]])
 
-        def body(i, out_ta):
-            start = i * rows
-            q_blk = q[:, start : start + rows]
-            m = _block_mask(mask, is_causal, start, rows, t_len, s_len)
-            p = tf.nn.softmax(_scores(q_blk, k, m, scale), axis=-1)
-            o = tf.einsum("BNTS,BSNH->BTNH", tf.cast(p, v.dtype), v)
-            return i + 1, out_ta.write(i, tf.transpose(o, [1, 0, 2, 3]))
+        def q_body(i, out_ta, max_ta, log_ta):
+            q0 = i * rows
+            q_blk = q[:, q0 : q0 + rows]
+            r = tf.shape(q_blk)[1:2]
 
-        out_ta = tf.TensorArray(
-            v.dtype,
-            size=blocks,
-            element_shape=tf.TensorShape([None] + v.shape[:1] + v.shape[2:]),
-            infer_shape=False,
+            def k_body(j, m, total, acc):
+                k0 = j * cols
+                k_blk = k[:, k0 : k0 + cols]
+                c = tf.shape(k_blk)[1]
+                mask_blk = _block_mask(mask, is_causal, q0, r[0], k0, c)
+                s = _scores(q_blk, k_blk, mask_blk, scale)
+                m_new = tf.maximum(m, tf.reduce_max(s, axis=-1))
+                alpha = tf.exp(m - m_new)
+                p = tf.exp(s - m_new[..., None])
+                total = total * alpha + tf.reduce_sum(p, axis=-1)
+                pv = tf.einsum(
+                    "BNTS,BSNH->BNTH",
+                    tf.cast(p, v.dtype),
+                    v[:, k0 : k0 + cols],
+                )
+                acc = acc * alpha[..., None] + tf.cast(pv, tf.float32)
+                return j + 1, m_new, total, acc
+
+            lead = tf.concat([batch_heads, r], 0)
+            m, total, acc = _loop(
+                k_blocks,
+                k_body,
+                [
+                    tf.fill(lead, tf.constant(-float("inf"))),
+                    tf.zeros(lead),
+                    tf.zeros(tf.concat([lead, tf.shape(v)[3:]], 0)),
+                ],
+                [any_shape] * 3,
+            )
+            o = tf.cast(acc / total[..., None], v.dtype)
+            out_ta = out_ta.write(i, tf.transpose(o, [2, 0, 1, 3]))
+            # The row maximum and the log of the sum, kept apart: in a fully
+            # masked row the maximum is -0.7 x the largest float, which
+            # would absorb the log of the sum in a single log-sum-exp.
+            max_ta = max_ta.write(i, tf.transpose(m, [2, 0, 1]))
+            log_ta = log_ta.write(
+                i, tf.transpose(tf.math.log(total), [2, 0, 1])
+            )
+            return i + 1, out_ta, max_ta, log_ta
+
+        out_ta, max_ta, log_ta = _loop(
+            q_blocks,
+            q_body,
+            [_array(v.dtype, q_blocks)]
+            + [_array(tf.float32, q_blocks) for _ in range(2)],
+            [any_shape] * 3,
         )
-        _, out_ta = tf.while_loop(
-            lambda i, *_: i < blocks,
-            body,
-            [tf.constant(0), out_ta],
-            parallel_iterations=1,
-        )
+        # (T, B, N, H) -> (B, T, N, H); (T, B, N) -> (B, N, T).
         out = tf.transpose(out_ta.concat(), [1, 0, 2, 3])
+        out = tf.ensure_shape(out, q.shape[:-1] + v.shape[-1:])
+        row_max = tf.transpose(max_ta.concat(), [1, 2, 0])
+        log_sum = tf.transpose(log_ta.concat(), [1, 2, 0])
 
         def grad(d_out):
-            def gbody(i, dq_ta, dk, dv):
-                start = i * rows
-                q_blk = q[:, start : start + rows]
-                do_blk = d_out[:, start : start + rows]
-                m = _block_mask(mask, is_causal, start, rows, t_len, s_len)
-                p = tf.nn.softmax(_scores(q_blk, k, m, scale), axis=-1)
-                p_c = tf.cast(p, v.dtype)
-                dv = dv + tf.cast(
-                    tf.einsum("BNTS,BTNH->BSNH", p_c, do_blk), tf.float32
-                )
-                dp = tf.cast(
-                    tf.einsum("BTNH,BSNH->BNTS", do_blk, v), tf.float32
-                )
-                ds = p * (dp - tf.reduce_sum(dp * p, axis=-1, keepdims=True))
-                if m is not None:
-                    ds = tf.where(m, ds, tf.zeros((), ds.dtype))
-                ds = tf.cast(ds * scale, q.dtype)
-                dq_blk = tf.einsum("BNTS,BSNH->BTNH", ds, k)
-                dk = dk + tf.cast(
-                    tf.einsum("BNTS,BTNH->BSNH", ds, q_blk), tf.float32
-                )
-                dq_ta = dq_ta.write(i, tf.transpose(dq_blk, [1, 0, 2, 3]))
-                return i + 1, dq_ta, dk, dv
+            # The row term of the softmax's gradient, sum_s p * dp, equals
+            # sum_h d_out * out: one (B, N, T) tensor instead of a row pass.
+            delta = tf.einsum(
+                "BTNH,BTNH->BNT",
+                tf.cast(d_out, tf.float32),
+                tf.cast(out, tf.float32),
+            )
 
-            dq_ta = tf.TensorArray(
-                q.dtype,
-                size=blocks,
-                element_shape=tf.TensorShape(
-                    [None] + q.shape[:1] + q.shape[2:]
-                ),
-                infer_shape=False,
-            )
-            _, dq_ta, dk, dv = tf.while_loop(
-                lambda i, *_: i < blocks,
-                gbody,
+            def k_body(j, dq, dk_ta, dv_ta):
+                k0 = j * cols
+                k_blk = k[:, k0 : k0 + cols]
+                v_blk = v[:, k0 : k0 + cols]
+                c = tf.shape(k_blk)[1]
+
+                def q_body(i, dq_ta, dk_blk, dv_blk):
+                    q0 = i * rows
+                    q_blk = q[:, q0 : q0 + rows]
+                    do_blk = d_out[:, q0 : q0 + rows]
+                    r = tf.shape(q_blk)[1]
+                    m = _block_mask(mask, is_causal, q0, r, k0, c)
+                    s = _scores(q_blk, k_blk, m, scale)
+                    p = tf.exp(
+                        (s - row_max[:, :, q0 : q0 + rows, None])
+                        - log_sum[:, :, q0 : q0 + rows, None]
+                    )
+                    p_c = tf.cast(p, v.dtype)
+                    dv_blk = dv_blk + tf.cast(
+                        tf.einsum("BNTS,BTNH->BSNH", p_c, do_blk), tf.float32
+                    )
+                    dp = tf.cast(
+                        tf.einsum("BTNH,BSNH->BNTS", do_blk, v_blk), tf.float32
+                    )
+                    ds = p * (dp - delta[:, :, q0 : q0 + rows, None])
+                    if m is not None:
+                        ds = tf.where(m, ds, tf.zeros((), ds.dtype))
+                    ds = tf.cast(ds * scale, q.dtype)
+                    dq_blk = tf.einsum("BNTS,BSNH->BTNH", ds, k_blk)
+                    dk_blk = dk_blk + tf.cast(
+                        tf.einsum("BNTS,BTNH->BSNH", ds, q_blk), tf.float32
+                    )
+                    dq_ta = dq_ta.write(i, tf.transpose(dq_blk, [1, 0, 2, 3]))
+                    return i + 1, dq_ta, dk_blk, dv_blk
+
+                dq_ta, dk_blk, dv_blk = _loop(
+                    q_blocks,
+                    q_body,
+                    [
+                        _array(q.dtype, q_blocks),
+                        tf.zeros(tf.shape(k_blk), tf.float32),
+                        tf.zeros(tf.shape(v_blk), tf.float32),
+                    ],
+                    [any_shape] * 3,
+                )
+                dq = dq + tf.cast(
+                    tf.transpose(dq_ta.concat(), [1, 0, 2, 3]), tf.float32
+                )
+                dk_ta = dk_ta.write(j, tf.transpose(dk_blk, [1, 0, 2, 3]))
+                dv_ta = dv_ta.write(j, tf.transpose(dv_blk, [1, 0, 2, 3]))
+                return j + 1, dq, dk_ta, dv_ta
+
+            dq, dk_ta, dv_ta = _loop(
+                k_blocks,
+                k_body,
                 [
-                    tf.constant(0),
-                    dq_ta,
-                    tf.zeros(tf.shape(k), tf.float32),
-                    tf.zeros(tf.shape(v), tf.float32),
+                    tf.zeros(tf.shape(q), tf.float32),
+                    _array(tf.float32, k_blocks),
+                    _array(tf.float32, k_blocks),
                 ],
-                shape_invariants=[
-                    tf.TensorShape([]),
-                    tf.TensorShape(None),
-                    k.shape,
-                    v.shape,
-                ],
-                parallel_iterations=1,
+                [q.shape, any_shape, any_shape],
             )
-            dq = tf.transpose(dq_ta.concat(), [1, 0, 2, 3])
-            return dq, tf.cast(dk, k.dtype), tf.cast(dv, v.dtype)
+            dk = tf.transpose(dk_ta.concat(), [1, 0, 2, 3])
+            dv = tf.transpose(dv_ta.concat(), [1, 0, 2, 3])
+            return (
+                tf.ensure_shape(tf.cast(dq, q.dtype), q.shape),
+                tf.ensure_shape(tf.cast(dk, k.dtype), k.shape),
+                tf.ensure_shape(tf.cast(dv, v.dtype), v.shape),
+            )
 
         return out, grad
 
