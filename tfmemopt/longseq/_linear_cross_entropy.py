@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-# Logits elements (tokens x vocabulary) per chunk: 4 Mi floats is 16 MiB a
+# Logits elements (tokens x vocabulary) per chunk: 1 Mi floats is 4 MiB a
 # copy. Chunks are sized in elements, not tokens: a fixed token count is
 # either too small for a small vocabulary (slow) or too large for a big one.
-DEFAULT_CHUNK_ELEMENTS = 1 << 22
+DEFAULT_CHUNK_ELEMENTS = 1 << 20
 
 
 def chunk_rows(vocabulary: int, chunk_elements: int) -> int:
@@ -126,7 +126,7 @@ def _chunked(h, w, b, y, rows, transpose, with_bias):
             cols = tf.maximum(1, (rows * vocab) // tf.maximum(n, 1))
             blocks = (vocab + cols - 1) // cols
 
-            def gbody(j, dh, dw_ta, db_ta):
+            def gbody(j, dh, dw, db_ta):
                 start = j * cols
                 if transpose:
                     w_blk = w[start : start + cols]
@@ -137,11 +137,10 @@ def _chunked(h, w, b, y, rows, transpose, with_bias):
                     logits = logits + b[start : start + cols]
                 logits = tf.cast(logits, tf.float32)
                 d = tf.exp(logits - lse[:, None]) * up
+                width = tf.shape(d)[1]
                 # Minus the upstream gradient at each label in this block.
-                inside = tf.where(
-                    tf.logical_and(y >= start, y < start + tf.shape(d)[1])
-                )[:, 0]
-                inside = tf.cast(inside, tf.int32)
+                inside = tf.where(tf.logical_and(y >= start, y < start + width))
+                inside = tf.cast(inside[:, 0], tf.int32)
                 d = tf.tensor_scatter_nd_sub(
                     d,
                     tf.stack([inside, tf.gather(y, inside) - start], axis=1),
@@ -152,25 +151,30 @@ def _chunked(h, w, b, y, rows, transpose, with_bias):
                     tf.matmul(d_c, w_blk, transpose_b=not transpose),
                     tf.float32,
                 )
-                # (block, D) rows of the kernel's gradient, transposed back
-                # at the end for a (D, V) kernel.
-                dw_ta = dw_ta.write(j, tf.matmul(d_c, h, transpose_a=True))
+                # The block's (cols, D) rows of the kernel's gradient, written
+                # into the (V, D) gradient's own buffer (InplaceUpdate aliases
+                # its input; the buffer is this loop's alone). A TensorArray
+                # and its concat held two copies of the gradient at the end.
+                dw = tf.raw_ops.InplaceUpdate(
+                    x=dw,
+                    i=tf.range(start, start + width),
+                    v=tf.matmul(d_c, h, transpose_a=True),
+                )
                 if with_bias:
                     db_ta = db_ta.write(j, tf.reduce_sum(d, axis=0))
-                return j + 1, dh, dw_ta, db_ta
+                return j + 1, dh, dw, db_ta
 
-            _, dh, dw_ta, db_ta = tf.while_loop(
+            _, dh, dw, db_ta = tf.while_loop(
                 lambda j, *_: j < blocks,
                 gbody,
                 [
                     tf.constant(0),
                     tf.zeros(tf.shape(h), tf.float32),
-                    tf.TensorArray(
-                        w.dtype,
-                        size=blocks,
-                        element_shape=tf.TensorShape([None, h.shape[-1]]),
-                        infer_shape=False,
-                    ),
+                    # A fresh (V, D) buffer tiled from a runtime tensor (a
+                    # tf.zeros of static shape is folded into a graph
+                    # constant, which the in-place update would overwrite).
+                    # Its contents do not matter: the blocks set every row.
+                    tf.tile(tf.cast(h[:1], w.dtype), [vocab, 1]),
                     tf.TensorArray(
                         tf.float32,
                         size=blocks,
@@ -181,12 +185,11 @@ def _chunked(h, w, b, y, rows, transpose, with_bias):
                 shape_invariants=[
                     tf.TensorShape([]),
                     h.shape,
-                    tf.TensorShape(None),
+                    tf.TensorShape([vocab, h.shape[-1]]),
                     tf.TensorShape(None),
                 ],
                 parallel_iterations=1,
             )
-            dw = dw_ta.concat()
             if not transpose:
                 dw = tf.transpose(dw)
             dw = tf.ensure_shape(dw, w.shape)
