@@ -139,3 +139,51 @@ def test_bf16_finetune_example():
     # bfloat16 run ends where the float32 one does.
     assert f32[3] < 4.3 and abs(bf16[3] - f32[3]) < 0.01, stdout
     assert abs(bf16[4] - f32[4]) < 0.01, stdout
+
+
+@pytest.mark.slow
+def test_fsdp_gpt2_example():
+    stdout = run_example(
+        "fsdp_gpt2.py", TF_ENABLE_ONEDNN_OPTS="1", TFMEMOPT_EXAMPLE_SMOKE="1"
+    )
+    rows = re.findall(
+        r"^(CPU:\d|GPU:\d)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$",
+        stdout,
+        flags=re.M,
+    )
+    assert len(rows) == 2, stdout
+    for _, whole, sharded, ratio in rows:
+        # Weights + AdamW state on each of the 2 devices: half the whole
+        # model's (every size here divides by 2).
+        assert float(sharded) <= 0.52 * float(whole), stdout
+    loss = float(re.search(r"sharded ([\d.]+)$", stdout, flags=re.M)[1])
+    # 8 steps from ln(vocabulary) (~4.5 at uniform logits): finite, lower.
+    assert 0.0 < loss < 4.5, stdout
+    assert "get_weights gives whole arrays: True" in stdout
+
+
+@pytest.mark.slow
+def test_long_context_gpt2_example():
+    stdout = run_example(
+        "long_context_gpt2.py",
+        TF_ENABLE_ONEDNN_OPTS="1",
+        TFMEMOPT_EXAMPLE_SMOKE="1",
+    )
+    budget = float(re.search(r"budget (\d+) MiB", stdout)[1])
+    peaks = dict(
+        re.findall(
+            r"^(plain Keras|tfmemopt)\s+step peak\s+([\d.]+) MiB",
+            stdout,
+            flags=re.M,
+        )
+    )
+    # Plain Keras's step does not fit the stated budget; the wrap with
+    # chunked_loss and attention="chunked" does, with room to spare.
+    assert float(peaks["tfmemopt"]) < 0.7 * budget < budget, stdout
+    assert float(peaks["plain Keras"]) > budget, stdout
+    assert "token_embedding" in stdout and "self_attention" in stdout, stdout
+    first, last = map(
+        float, re.search(r"loss first ([\d.]+) last ([\d.]+)", stdout).groups()
+    )
+    # From about ln(8192) = 9.0: finite and lower after 3 steps.
+    assert 0.0 < last < first < 9.5, stdout

@@ -313,7 +313,10 @@ class _Window:
         steps = self.model.accumulation_steps or 1
         base, extra = plan.batch_size // steps, plan.batch_size % steps
         return [
-            (i * base + tf.minimum(i, extra), base + tf.cast(i < extra, tf.int32))
+            (
+                i * base + tf.minimum(i, extra),
+                base + tf.cast(i < extra, tf.int32),
+            )
             for i in range(steps)
         ]
 
@@ -336,7 +339,9 @@ class _Window:
             new, rows = self._first(out) if acc is None else self._pack(out)
             if not isinstance(size, int):
                 new = _zero_if_empty(new, size)
-            acc = new if acc is None else tf.nest.map_structure(tf.add, acc, new)
+            acc = (
+                new if acc is None else tf.nest.map_structure(tf.add, acc, new)
+            )
             pieces.append(rows)
         return self._finish(acc, self._concat_rows(pieces))
 
