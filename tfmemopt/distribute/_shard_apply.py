@@ -159,7 +159,11 @@ def _local_update(inner, plan, pairs, parts, current, lr, r):
             averages = [
                 tf.convert_to_tensor(a) for a in _compat.ema_averages(inner)
             ]
-            new = [tf.where(overwrite, a, n) for a, n in zip(averages, new)]
+            # A 16-bit weight's average is float32 (tfmemopt's optimizers).
+            new = [
+                tf.where(overwrite, tf.cast(a, n.dtype), n)
+                for a, n in zip(averages, new)
+            ]
     return new
 
 
