@@ -65,7 +65,9 @@ class Adafactor(_common.StateOptimizer):
             the weight's dtype per weight (2 bytes per parameter, in
             `variables`); `"plain"`: round to nearest, which loses updates
             under half a bfloat16 ulp (lossy). Their weight decay is applied
-            in float32 inside the step. See docs/optimizers.md.
+            in float32 inside the step; with `use_ema=True` their moving
+            averages are float32 (4 bytes per parameter) and move in
+            float32. See docs/optimizers.md.
         bf16_seed: Int >= 0, defaults to `0`. Seed of the stochastic
             rounding's bits (hashed with the step, the variable's index and
             the element's index: the same on every replica and on resume).
