@@ -18,6 +18,7 @@ from tfmemopt._compat import sublayers
 from tfmemopt._utils import format_bytes
 from tfmemopt.accumulation import Model
 from tfmemopt.distribute import ShardedOptimizer
+from tfmemopt.estimate import _long_sequences as long_sequences
 from tfmemopt.estimate._activation_rules import checkpoint_segments
 from tfmemopt.estimate._activation_rules import checkpointed_activations
 from tfmemopt.estimate._activation_rules import unknown_layers
@@ -51,6 +52,8 @@ def estimate_memory(
     sequence_length: int | None = None,
     min_counted_bytes: int = 0,
     shard_parameters: bool | None = None,
+    chunked_loss: bool | None = None,
+    attention=None,
 ) -> MemoryEstimate:
     """Estimates the peak memory of one training step, per device.
 
@@ -136,6 +139,17 @@ def estimate_memory(
             weight, its shard of the summed gradient and the optimizer's
             state built on the shards, and gathers each weight whole when
             its layer runs (`gathered`). No effect with one replica.
+        chunked_loss: `None` (the model's own: a `tfmemopt.Model`'s
+            `chunked_loss`, else `False`) or Bool: the step computes the
+            language-model loss from the head's input in chunks
+            (`tfmemopt.Model(..., chunked_loss=True)`): traced so, the
+            logits are never formed.
+        attention: `None` (the model's own), `"chunked"` (every
+            `MultiHeadAttention` in query blocks, as
+            `tfmemopt.Model(..., attention="chunked")`) or `False` (off).
+            `MemoryEstimate.terms` names what the head and the loss keep
+            (`"logits"`) and what the attention layers keep
+            (`"attention_scores"`).
 
     Returns:
         A `MemoryEstimate` (bytes per field, `.total`, `.table()`,
@@ -168,6 +182,9 @@ def estimate_memory(
         min_counted_bytes,
         shard_parameters,
     )
+    s.chunked_loss, s.attention = long_sequences.resolve(
+        model, chunked_loss, attention
+    )
     # Trace first: a subclassed model may create its weights on first call.
     traced, step, rescale = _trace(model, s, input_shape, sequence_length)
     trainable = model.trainable_weights
@@ -187,6 +204,11 @@ def estimate_memory(
             "(min_counted_bytes): the allocator statistics' view"
         )
     activations = _activations(model, traced, step, rescale, s, notes)
+    if s.chunked_loss or s.attention:
+        notes.append(
+            f"long sequences: chunked_loss={s.chunked_loss}, attention="
+            f"{s.attention!r}, traced as tfmemopt.Model's step runs them"
+        )
     gathered = 0
     if s.shard_parameters:
         gathered, how = gathered_bytes(
@@ -223,6 +245,7 @@ def estimate_memory(
         temporaries=int(temporaries),
         gathered=int(gathered),
         freed=int(freed),
+        terms=long_sequences.terms(traced, step),
         settings={
             "batch_size": batch_size,
             "optimizer": type(s.optimizer).__name__,
@@ -233,6 +256,8 @@ def estimate_memory(
             "trainer": s.trainer,
             "min_counted_bytes": s.floor,
             "shard_parameters": s.shard_parameters,
+            "chunked_loss": s.chunked_loss,
+            "attention": s.attention,
         },
         layers=_by_layer(step),
         notes=notes,
@@ -346,7 +371,7 @@ def _trace(model, s: Settings, input_shape=None, sequence_length=None):
     `tfmemopt.Model.wrap(inner)` is traced as `inner` (the same weights and
     graph; the policy rebuild and checkpointing segments need its layers).
     """
-    traced = model
+    outer = traced = model
     inner = getattr(model, "inner", None)
     if isinstance(model, Model) and isinstance(inner, keras.Model):
         traced = model = inner
@@ -359,9 +384,16 @@ def _trace(model, s: Settings, input_shape=None, sequence_length=None):
             swapped = _swap_policies(model, s.policy)
 
     def trace(rescale):
+        with long_sequences.options_for_trace(
+            outer, traced, s.chunked_loss, s.attention
+        ) as owner:
+            return _trace_with(rescale, owner)
+
+    def _trace_with(rescale, owner):
         return trace_step(
             traced,
             s.micro,
+            owner=owner,
             activation_itemsize=s.compute if rescale else None,
             input_shape=input_shape,
             sequence_length=sequence_length,

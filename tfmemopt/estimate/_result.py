@@ -45,6 +45,11 @@ class MemoryEstimate:
         temporaries: Int, what the backward pass (or the optimizer's
             update) needs on top at its peak, including what the
             allocator's whole chunks add (`min_counted_bytes > 0`).
+        terms: Dict of named parts of `activations` (bytes, not added to
+            the total again): `"logits"`, what the language-model head and
+            the loss keep for the backward pass, and `"attention_scores"`,
+            what the `MultiHeadAttention` layers keep (what
+            `chunked_loss` and `attention="chunked"` act on).
         gathered: Int, the whole weights gathered from their shards that
             are alive at the peak (`shard_parameters`; else 0).
         freed: Int, what of the gradients counted above is already freed
@@ -70,6 +75,7 @@ class MemoryEstimate:
     notes: list = dataclasses.field(default_factory=list)
     freed: int = 0
     gathered: int = 0
+    terms: dict = dataclasses.field(default_factory=dict)
 
     @property
     def total(self) -> int:
@@ -79,6 +85,7 @@ class MemoryEstimate:
         """Plain-Python dict (JSON-serialisable) with every field, bytes."""
         out = {f: int(getattr(self, f)) for f in _FIELDS}
         out["freed"] = int(self.freed)
+        out["terms"] = {k: int(v) for k, v in self.terms.items()}
         out["total"] = int(self.total)
         out["settings"] = dict(self.settings)
         out["layers"] = [[name, int(n)] for name, n in self.layers]
@@ -99,6 +106,13 @@ class MemoryEstimate:
             lines.append(
                 f"  {_LABELS[f]:<{width}}  {format_bytes(getattr(self, f)):>11}"
             )
+            if f == "activations":
+                for name, n in self.terms.items():
+                    if n:
+                        label = "  of which " + name.replace("_", " ")
+                        lines.append(
+                            f"  {label:<{width}}  {format_bytes(n):>11}"
+                        )
         if self.freed:
             freed = "-" + format_bytes(self.freed)
             lines.append(f"  {'freed before the peak':<{width}}  {freed:>11}")

@@ -157,6 +157,8 @@ class Settings:
     floor: int = 0  # allocations below this many bytes are not counted
     policy_in_place: bool = False  # traced with the policy set on its layers
     shard_parameters: bool = False  # weights sharded over the replicas
+    chunked_loss: bool = False  # the loss from the head's input, in chunks
+    attention: str | None = None  # "chunked": attention in query blocks
 
 
 # oneDNN's CPU allocator (TF_ENABLE_ONEDNN_OPTS=1) serves allocations below

@@ -33,6 +33,8 @@ from tfmemopt.estimate._kept import _kept_for_backward
 from tfmemopt.estimate._kept import _units_at
 from tfmemopt.estimate._kernels import _einsum_copies
 from tfmemopt.estimate._while_loops import while_loop_sizes
+from tfmemopt.longseq._takeover import head_of
+from tfmemopt.longseq._takeover import training_forward
 
 # Element-wise kernels that write their output into an input's buffer when
 # nothing else holds that input (`forward_input_or_allocate_output`):
@@ -155,6 +157,7 @@ def trace_step(
     sequence_length=None,
     min_counted_bytes: int = 0,
     update=None,
+    owner=None,
 ) -> StepGraph:
     """Traces one training step of `model` at `batch_size` and measures it.
 
@@ -172,9 +175,13 @@ def trace_step(
             its gradient as soon as it is made (`[]`: consumed in place);
             the step is then also simulated so (`updating_peak`; `events`
             are from that run).
+        owner: optional model whose long-sequence options
+            (`enable_long_sequences`) apply: its chunked loss is traced
+            from the head's input (`head_of`), as `tfmemopt.Model`'s step
+            computes it.
     """
     concrete, n_fwd, loss = _traced_step(
-        model, batch_size, input_shape, sequence_length
+        model, batch_size, input_shape, sequence_length, owner
     )
     ops, n_fwd = _ops_that_run_in(concrete, n_fwd, loss)
     fwd_names = {op.name for op in ops[:n_fwd]}
@@ -359,7 +366,7 @@ def _sparse_rows(concrete) -> dict:
 
 
 def _traced_step(
-    model, batch_size: int, input_shape=None, sequence_length=None
+    model, batch_size: int, input_shape=None, sequence_length=None, owner=None
 ):
     """`(concrete function, forward op count)` of one gradient step."""
     in_specs = input_specs(model, batch_size, input_shape, sequence_length)
@@ -367,12 +374,16 @@ def _traced_step(
     mark = {}
 
     def step(x, y):
-        with tf.GradientTape() as tape:
+        with tf.GradientTape() as tape, training_forward(owner):
             pred = model(_as_call_arg(x), training=True)
             preds = pred if isinstance(pred, (list, tuple)) else [pred]
             loss = 0.0
             for p, t in zip(preds, y):
-                loss = loss + loss_fn(t, p)
+                head = head_of(p) if owner is not None else None
+                if head is None:
+                    loss = loss + loss_fn(t, p)
+                else:  # the chunked loss, from the head's input
+                    loss = loss + tf.reduce_mean(head.token_losses(loss_fn, t))
         mark["forward"] = len(tf.compat.v1.get_default_graph().get_operations())
         mark["loss"] = loss.op.name
         return tape.gradient(loss, model.trainable_variables)

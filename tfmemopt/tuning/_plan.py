@@ -39,6 +39,11 @@ class Plan:
             (`tfmemopt.Model(..., shard_parameters=True)`, FSDP): 1/`replicas`
             of the weights, gradients and optimizer state per replica; in
             `model_kwargs` when set.
+        chunked_loss: Bool, whether the plan computes the loss from the
+            head's input in chunks (`tfmemopt.Model(..., chunked_loss=
+            True)`); in `model_kwargs` when set.
+        attention: `None` or `"chunked"` (`tfmemopt.Model(...,
+            attention="chunked")`); in `model_kwargs` when set.
 
     Example:
 
@@ -64,6 +69,8 @@ class Plan:
     sharding: int | None = None
     base_optimizer: str = dataclasses.field(default="", repr=False)
     shard_parameters: bool = False
+    chunked_loss: bool = False
+    attention: str | None = None
 
     @property
     def model_kwargs(self) -> dict:
@@ -74,6 +81,10 @@ class Plan:
         }
         if self.shard_parameters:
             kwargs["shard_parameters"] = True
+        if self.chunked_loss:
+            kwargs["chunked_loss"] = True
+        if self.attention:
+            kwargs["attention"] = self.attention
         return kwargs
 
     def apply(self, model: keras.Model) -> keras.Model:
@@ -104,7 +115,9 @@ class Plan:
                 if self.optimizer or self.sharding
                 else ""
             )
-            + (", shard_parameters=True" if self.shard_parameters else ""),
+            + (", shard_parameters=True" if self.shard_parameters else "")
+            + (", chunked_loss=True" if self.chunked_loss else "")
+            + (f", attention={self.attention!r}" if self.attention else ""),
             f"estimated peak {format_bytes(self.estimated_peak)} of budget "
             f"{format_bytes(self.memory_budget)}"
             + (

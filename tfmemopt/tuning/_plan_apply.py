@@ -78,7 +78,11 @@ def apply_plan(plan, model: keras.Model, copy: bool = False) -> keras.Model:
     previous = keras.config.dtype_policy()
     keras.config.set_dtype_policy(plan.policy)
     try:
-        extra = {"shard_parameters": True} if plan.shard_parameters else {}
+        extra = {
+            k: v
+            for k, v in plan.model_kwargs.items()
+            if k in ("shard_parameters", "chunked_loss", "attention")
+        }
         wrapped = Model.wrap(
             base, accumulation_steps=plan.accumulation_steps, **extra
         )

@@ -31,6 +31,7 @@ ALLOW = (
     "mixed_precision",
     "sharding",
     "optimizer_state",
+    "long_sequences",
 )
 # A pass over a micro-batch costs as much as this many extra samples
 # (kernel launches, weight reads, the optimizer's share).
@@ -193,6 +194,8 @@ def plan(
         "sharding": None,
         "opt": optimizer,
         "params": False,
+        "chunked_loss": False,
+        "attention": None,
     }
 
     def peak(policy, ckpt, steps) -> int:
@@ -203,6 +206,8 @@ def plan(
             option["optimizer"],
             option["sharding"],
             option["params"],
+            option["chunked_loss"],
+            option["attention"],
         )
         for c in considered:
             if _key(c) == key:
@@ -218,6 +223,8 @@ def plan(
             input_shape=input_shape,
             sequence_length=sequence_length,
             shard_parameters=option["params"],
+            chunked_loss=option["chunked_loss"],
+            attention=option["attention"] or False,
         )
         micro = global_batch_size // replicas // steps
         time = step_time(micro, steps, ckpt, policy, fast)
@@ -227,6 +234,8 @@ def plan(
             optimizer=option["optimizer"],
             sharding=option["sharding"],
             shard_parameters=option["params"],
+            chunked_loss=option["chunked_loss"],
+            attention=option["attention"],
             optimizer_name=type(state_options.unwrap(base)).__name__,
         )
         return considered[-1]["peak"]
@@ -246,6 +255,17 @@ def plan(
                 )
 
     search()
+    if "long_sequences" in allow:
+        # The logits or the attention scores do not fit: compute them in
+        # chunks (the same update), the term that is there first.
+        for chunked, attention in _long_sequence_options(considered):
+            if choose(considered, limit) is not None:
+                break
+            option.update(chunked_loss=chunked, attention=attention)
+            try:
+                search()
+            except ValueError:  # no linear head, no MultiHeadAttention, or
+                option.update(chunked_loss=False, attention=None)  # loss
     # The model state leaves too little room: shrink the state itself,
     # least change first (sharded, 8-bit, both, factored).
     original = list(policies)
@@ -272,6 +292,22 @@ def plan(
     return _choose(considered, limit, budget, make, no_fit, measure)
 
 
+def _long_sequence_options(considered) -> list:
+    """`[(chunked_loss, attention)]` for the terms the plain step keeps:
+    the logits alone, the attention scores alone, then both."""
+    terms = considered[0].get("terms", {}) if considered else {}
+    logits = terms.get("logits", 0) > 0
+    scores = terms.get("attention_scores", 0) > 0
+    out = []
+    if logits:
+        out.append((True, None))
+    if scores:
+        out.append((False, "chunked"))
+    if logits and scores:
+        out.append((True, "chunked"))
+    return out
+
+
 def _trainable_count(model) -> int:
     """Trainable parameters (each shared weight once)."""
     weights = {id(v): v for v in model.trainable_weights}.values()
@@ -287,6 +323,8 @@ def _key(c) -> tuple:
         c.get("optimizer"),
         c.get("sharding"),
         c.get("shard_parameters", False),
+        c.get("chunked_loss", False),
+        c.get("attention"),
     )
 
 
@@ -304,6 +342,7 @@ def _candidate(est, policy, ckpt, steps, micro, time) -> dict:
         "parameter_count": int(est.gradients) // 4,
         "time": time,
         "gathered": int(est.gathered),
+        "terms": dict(est.terms),
     }
 
 
@@ -405,6 +444,8 @@ def _make_plan(best, global_batch_size, replicas, budget, considered=()):
         parts.append(f"checkpointing {ckpt!r}")
     if policy.startswith("mixed"):
         parts.append(policy)
+    if best.get("chunked_loss") or best.get("attention"):
+        parts.insert(0, _long_sequence_text(best, considered))
     why = (
         "the whole batch fits as it is"
         if not parts
@@ -430,6 +471,34 @@ def _make_plan(best, global_batch_size, replicas, budget, considered=()):
         sharding=best.get("sharding"),
         base_optimizer=best.get("optimizer_name", ""),
         shard_parameters=bool(best.get("shard_parameters")),
+        chunked_loss=bool(best.get("chunked_loss")),
+        attention=best.get("attention"),
+    )
+
+
+def _long_sequence_text(best, considered) -> str:
+    """What the long-sequence options take away, from the plain step's
+    terms (`MemoryEstimate.terms`)."""
+    plain = [c for c in considered if not c.get("chunked_loss")]
+    plain = [c for c in plain if not c.get("attention")] or considered
+    terms = min(plain, key=lambda c: c["peak"]).get("terms", {})
+    said = []
+    if best.get("chunked_loss"):
+        said.append(
+            "chunked_loss=True (the loss from the head's input in chunks: "
+            f"the {_mib(terms.get('logits', 0))} the head and the loss keep "
+            "for the logits are never formed)"
+        )
+    if best.get("attention"):
+        said.append(
+            "attention='chunked' (exact attention in query blocks: the "
+            f"{_mib(terms.get('attention_scores', 0))} the attention layers "
+            "keep are not)"
+        )
+    return (
+        " and ".join(said)
+        + ", the same update within float32 rounding, at some step time "
+        "(docs/long_sequences.md)"
     )
 
 
