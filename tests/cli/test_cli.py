@@ -114,6 +114,27 @@ def test_estimate_shard_parameters(tmp_path, capsys):
     assert "accumulation_steps=1" in capsys.readouterr().err
 
 
+def test_estimate_long_sequence_options(tmp_path, capsys):
+    inp = keras.Input((64,), dtype="int32")
+    h = keras.layers.Embedding(300, 16)(inp)
+    h = h + keras.layers.MultiHeadAttention(2, 8)(h, h)
+    model = keras.Model(inp, keras.layers.Dense(300)(h))
+    model.compile(
+        "adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    )
+    path = str(tmp_path / "lm.keras")
+    model.save(path)
+    args = ["estimate", path, "--batch-size", "4", "--json"]
+    assert cli.main(args) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert cli.main(args + ["--chunked-loss", "--attention", "chunked"]) == 0
+    both = json.loads(capsys.readouterr().out)
+    assert both["settings"]["chunked_loss"] is True
+    assert both["settings"]["attention"] == "chunked"
+    for term in ("logits", "attention_scores"):
+        assert both["terms"][term] < plain["terms"][term]
+
+
 def test_bad_policy_is_reported_not_raised(tmp_path, capsys):
     _, path = _saved_model(tmp_path)
     rc = cli.main(["estimate", path, "--batch-size", "8", "--policy", "fp8"])

@@ -106,6 +106,19 @@ def _estimate_arguments(parser):
         "shard_parameters=True), FSDP): 1/R of the weights, gradients and "
         "optimizer state per replica, plus the gathered weights",
     )
+    parser.add_argument(
+        "--chunked-loss",
+        action="store_true",
+        help="the language-model loss from the head's input in chunks "
+        "(tfmemopt.Model(..., chunked_loss=True)): the logits never formed",
+    )
+    parser.add_argument(
+        "--attention",
+        choices=["chunked"],
+        default=None,
+        help="chunked: every MultiHeadAttention in query blocks "
+        "(tfmemopt.Model(..., attention='chunked'))",
+    )
     json_argument(parser, "a table")
 
 
@@ -132,6 +145,8 @@ def _estimate(args) -> int:
             checkpointing=args.checkpointing,
             replicas=args.replicas,
             shard_parameters=True if args.shard_parameters else None,
+            chunked_loss=True if args.chunked_loss else None,
+            attention=args.attention,
         )
     except (ValueError, TypeError) as e:
         return bad_input("estimate", e)
