@@ -115,7 +115,7 @@ class Model(_dist.FitFixes, keras.Model):
             still return full logits.
         attention: `None` (default) or `"chunked"`: every
             `MultiHeadAttention` (and keras-hub subclass) computes exact
-            attention in query blocks, recomputed in the backward pass
+            attention in query and key blocks, recomputed in the backward pass
             (attention dropout must be 0).
         shard_parameters: Bool, defaults to `False`. Under a strategy with
             R > 1 replicas, each replica stores 1/R of every trainable

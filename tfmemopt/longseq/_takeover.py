@@ -11,7 +11,8 @@ returned have no consumer in the training graph and are never computed.
 
 Attention layers (`keras.layers.MultiHeadAttention` and its subclasses,
 such as keras-hub's `CachedMultiHeadAttention`) get an instance-level
-`_compute_attention` that runs `dot_product_attention` in query blocks.
+`_compute_attention` that runs `dot_product_attention` in query and key
+blocks (online softmax).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ class LongSequenceReport:
         head_candidates: Paths of the layers that may be the head.
         attention: `None` or `"chunked"`.
         attention_layers: Paths of the attention layers taken over.
-        block_elements: Int, attention scores per query block.
+        block_elements: Int, attention scores per (query, key) block.
     """
 
     chunked_loss: bool
@@ -337,7 +338,7 @@ def check_options(chunked_loss, attention) -> None:
         raise ValueError(
             f"`attention` must be one of {ATTENTION_CHOICES}. Received: "
             f"attention={attention!r}. Pass 'chunked' for exact attention "
-            "in query blocks, or None to keep the model's own."
+            "in query and key blocks, or None to keep the model's own."
         )
     if not isinstance(chunked_loss, bool):
         raise TypeError(
@@ -363,7 +364,8 @@ def enable_long_sequences(
     head's projection and the sparse cross-entropy run together in chunks
     of `chunk_elements` logits with a per-chunk custom gradient; with
     `attention="chunked"` every `MultiHeadAttention` computes exact
-    attention in query blocks, recomputed in the backward pass. Both cost
+    attention in query and key blocks (online softmax), recomputed in the
+    backward pass. Both cost
     recomputation (one more head matmul per chunk, one more score matmul
     per block) and give the same update within float32 rounding.
 
@@ -376,7 +378,7 @@ def enable_long_sequences(
         chunked_loss: Bool, defaults to `True`.
         attention: `"chunked"` (default) or `None`.
         chunk_elements: Int, logits elements per chunk of the loss.
-        block_elements: Int, attention scores per query block.
+        block_elements: Int, attention scores per (query, key) block.
         owner: The `tfmemopt.Model` whose training step reads the head
             (defaults to `model`).
 
