@@ -391,6 +391,8 @@ class StateOptimizer(keras.optimizers.Optimizer):
 
     def apply(self, grads, trainable_variables=None):
         grads = list(grads)
+        if trainable_variables is not None:
+            trainable_variables = list(trainable_variables)
         variables = trainable_variables
         if variables is None and self.built:
             variables = _compat.trainable_variables_of(self)
@@ -398,7 +400,7 @@ class StateOptimizer(keras.optimizers.Optimizer):
         if variables is not None and self.weight_decay is not None:
             keys = frozenset(
                 _compat.var_key(self, v)
-                for g, v in zip(grads, list(variables))
+                for g, v in zip(grads, variables)
                 if self._lazy_gradient(g)
             )
         # Kept after the step (not reset): Keras's decay and the weight
