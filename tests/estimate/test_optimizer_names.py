@@ -32,7 +32,8 @@ def _printed_names() -> dict:
     names = {}
     for base_name, make in _BASES.items():
         base = make()
-        for name, stage in state_options.alternatives(base, _ALLOW, 2):
+        for alt in state_options.alternatives(base, _ALLOW, 2):
+            name, stage = alt.name, alt.stage
             plan = Plan(
                 global_batch_size=8,
                 micro_batch_size=4,
@@ -53,7 +54,8 @@ def _printed_names() -> dict:
                 plan.optimizer_name,
                 state_options.describe(base, name, stage),
             ):
-                names[text] = (base_name, name, stage)
+                if text is not None:  # shard_parameters keeps the optimizer
+                    names[text] = (base_name, name, stage)
     return names
 
 
