@@ -233,6 +233,19 @@ def shard_model(model, optimizer) -> ShardSet | None:
     replicas = strategy.num_replicas_in_sync
     if replicas <= 1 or optimizer is None:
         return None
+    if _compat.extended_multi_worker_mode(strategy):
+        raise ValueError(
+            "shard_parameters=True does not support "
+            f"{type(strategy).__name__} across workers yet: each worker "
+            "holds only its own replicas' parts, so cutting whole weights "
+            "into parts (compile, set_weights, loading) and assembling them "
+            "(get_weights, saving) would need a collective that every "
+            "worker joins, which is not implemented. Use "
+            "shard_parameters=True under MirroredStrategy on one machine's "
+            "devices, or keep whole weights across workers and shard the "
+            "optimizer state with tfmemopt.ShardedOptimizer (stages 1 and "
+            "2 support MultiWorkerMirroredStrategy)."
+        )
     inner = optimizer
     while isinstance(inner, keras.optimizers.LossScaleOptimizer):
         inner = inner.inner_optimizer
