@@ -60,6 +60,32 @@ def test_equals_keras_dot_product_attention_and_its_gradient(
         assert _diff(*results) < 2e-6, (m is None, causal)
 
 
+def test_static_batch_of_one_in_graph_mode():
+    # A micro-batch of 1 (accumulation) traces with a static batch of 1:
+    # the gradient's loop variables keep that shape over key blocks.
+    rng = np.random.default_rng(3)
+    q, k, v = (
+        tf.constant(rng.normal(size=(1, T, N, H)), tf.float32) for _ in range(3)
+    )
+
+    @tf.function
+    def grads(attend):
+        with tf.GradientTape() as tape:
+            tape.watch([q, k, v])
+            s = tf.reduce_sum(attend() ** 2)
+        return tape.gradient(s, [q, k, v])
+
+    got = grads(
+        lambda: dot_product_attention(
+            q, k, v, is_causal=True, block_elements=N * T * 4
+        )
+    )
+    want = grads(
+        lambda: keras.ops.dot_product_attention(q, k, v, is_causal=True)
+    )
+    assert _diff(got, want) < 2e-6
+
+
 def _stack(dropout=0.0):
     keras.utils.set_random_seed(2)
     inputs = keras.Input((T,), dtype="int32")

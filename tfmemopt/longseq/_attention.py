@@ -279,9 +279,10 @@ def _attend(query, key, value, mask, scale, is_causal, block_elements):
                     ],
                     [any_shape] * 3,
                 )
-                dq = dq + tf.cast(
-                    tf.transpose(dq_ta.concat(), [1, 0, 2, 3]), tf.float32
-                )
+                # Pinned to q's static shape: the concat's batch is None, and
+                # the loop variable must keep one shape (batch 1 included).
+                dq_part = tf.transpose(dq_ta.concat(), [1, 0, 2, 3])
+                dq = dq + tf.cast(tf.ensure_shape(dq_part, q.shape), tf.float32)
                 dk_ta = dk_ta.write(j, tf.transpose(dk_blk, [1, 0, 2, 3]))
                 dv_ta = dv_ta.write(j, tf.transpose(dv_blk, [1, 0, 2, 3]))
                 return j + 1, dq, dk_ta, dv_ta
