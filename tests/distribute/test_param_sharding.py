@@ -270,11 +270,22 @@ for name in ("adamw", "sgd_global_clipnorm", "adamw8bit"):
 # without accumulation, and as much on one device).
 w0, c, _, _ = train(ONE, "adam_ema", False, n=30)
 _, b, _, _ = train(STRATEGY, "adam_ema", False, steps=4, n=30)
+# Each micro-batch's gathers wait for the previous one's accumulation
+# (counted while the step traces).
+from tfmemopt.distribute import _param_shard
+_ordered, waits = _param_shard.ordered, []
+def recording_order(part):
+    out = _ordered(part)
+    waits.append(out is not part)
+    return out
+_param_shard.ordered = recording_order
 _, e, _, me = train(STRATEGY, "adam_ema", True, steps=4, n=30)
+_param_shard.ordered = _ordered
 _, f, _, _ = train(ONE, "adam", False, n=30)
 out["ema"] = {"vs_one": rel(e, c, w0), "floor": rel(b, c, w0),
               "ema_vs_none": rel(f, c, w0),
               "iterations": int(me.optimizer.iterations.numpy()),
+              "gathers_waiting": sum(waits),
               "accumulated": [list(v.shape) for v in me.trainable_variables]}
 # Activation checkpointing: the recompute in the backward pass gathers
 # the checkpointed layer's weights again (counted while the step traces).
@@ -402,6 +413,8 @@ def test_shard_parameters_two_then_four_replicas(tmp_path):
     assert ema["ema_vs_none"] > 0.05, ema
     assert ema["vs_one"] <= max(1.2 * ema["floor"], 1e-6), ema
     assert ema["iterations"] == 4, ema  # one update per batch, 2 epochs
+    # 7 weights, 4 micro-batches, 2 replicas: every forward gather waits.
+    assert ema["gathers_waiting"] == 7 * 4 * 2, ema
     assert ema["accumulated"] == out["adamw"]["shard_shapes"], ema
     mixed = out.pop("mixed_float16")
     assert set(mixed["dtypes"].values()) == {"float16"}, mixed
