@@ -49,7 +49,8 @@ class MemoryEstimate:
             the total again): `"logits"`, what the language-model head and
             the loss keep for the backward pass, and `"attention_scores"`,
             what the `MultiHeadAttention` layers keep (what
-            `chunked_loss` and `attention="chunked"` act on).
+            `chunked_loss` and `attention="chunked"` act on), read from
+            the traced step before checkpointing is applied.
         gathered: Int, the whole weights gathered from their shards that
             are alive at the peak (`shard_parameters`; else 0).
         freed: Int, what of the gradients counted above is already freed
