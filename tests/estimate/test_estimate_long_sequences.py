@@ -10,15 +10,17 @@ import tfmemopt
 VOCAB, T = 512, 256
 
 
-def lm():
+def lm(compiled=True):
     keras.utils.set_random_seed(0)
     inputs = keras.Input((T,), dtype="int32")
     h = keras.layers.Embedding(VOCAB, 32)(inputs)
     a = keras.layers.MultiHeadAttention(4, 8)(h, h, use_causal_mask=True)
     model = keras.Model(inputs, keras.layers.Dense(VOCAB)(h + a))
-    model.compile(
-        "adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    )
+    if compiled:
+        model.compile(
+            "adam",
+            keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
     return model
 
 
@@ -56,8 +58,11 @@ def test_terms_and_options():
         if isinstance(layer, keras.layers.MultiHeadAttention)
     ][0]
     assert "_compute_attention" not in mha.__dict__
-    # A tfmemopt.Model with the options: its own are estimated.
-    wrapped = tfmemopt.Model.wrap(lm(), chunked_loss=True, attention="chunked")
+    # A tfmemopt.Model with the options: its own are estimated, with its
+    # compiled loss (the model it wraps is not compiled).
+    wrapped = tfmemopt.Model.wrap(
+        lm(compiled=False), chunked_loss=True, attention="chunked"
+    )
     wrapped.compile(
         "adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     )

@@ -205,8 +205,9 @@ def _output_shapes(model, in_specs):
     ]
 
 
-def _loss_and_target_specs(model, batch_size, in_specs):
-    loss = getattr(model, "loss", None)
+def _loss_and_target_specs(model, batch_size, in_specs, loss=None):
+    if loss is None:
+        loss = getattr(model, "loss", None)
     try:
         loss_fn = keras.losses.get(loss) if loss is not None else None
     except (ValueError, TypeError):

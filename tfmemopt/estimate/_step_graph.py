@@ -370,7 +370,10 @@ def _traced_step(
 ):
     """`(concrete function, forward op count)` of one gradient step."""
     in_specs = input_specs(model, batch_size, input_shape, sequence_length)
-    loss_fn, y_specs = _loss_and_target_specs(model, batch_size, in_specs)
+    # A tfmemopt.Model.wrap is compiled, the model it wraps maybe not.
+    loss_fn, y_specs = _loss_and_target_specs(
+        model, batch_size, in_specs, getattr(owner, "loss", None)
+    )
     mark = {}
 
     def step(x, y):
