@@ -35,3 +35,24 @@ def test_kahan_write_adds_the_new_compensation():
         >= 2 * kernel
     )
     assert est["kahan"].total > est["stochastic"].total
+
+
+def test_ema_of_bfloat16_weights_counted_as_float32():
+    # tfmemopt's optimizers keep float32 averages of 16-bit weights: the
+    # estimate's state equals the bytes of the built optimizer's variables.
+    keras.config.set_dtype_policy("bfloat16")
+    try:
+        model = keras.Sequential(
+            [keras.Input((64,)), keras.layers.Dense(512), keras.layers.Dense(8)]
+        )
+        opt = AdamW8bit(use_ema=True)
+        opt.build(model.trainable_variables)
+        held = sum(v.numpy().nbytes for v in opt.variables)
+        est = tfmemopt.estimate_memory(
+            model, 8, optimizer=AdamW8bit(use_ema=True), policy="bfloat16"
+        )
+    finally:
+        keras.config.set_dtype_policy("float32")
+    averages = sum(4 * w.numpy().size for w in model.trainable_weights)
+    assert abs(est.optimizer_state - held) <= 64, (est.optimizer_state, held)
+    assert held > averages

@@ -130,9 +130,16 @@ def optimizer_state_bytes(optimizer, variables) -> tuple[int, str]:
     copies = 0
     if config.get("use_ema"):
         copies += 1
+        if hasattr(optimizer, "variable_state_bytes"):
+            # tfmemopt's optimizers keep float32 averages of 16-bit weights.
+            extra += sum(
+                math.prod(s) * max(4, _itemsize(d)) for s, d in variables
+            )
+        else:
+            extra += weight_bytes
     if config.get("gradient_accumulation_steps"):
         copies += 1
-    extra += copies * weight_bytes
+        extra += weight_bytes
     if hasattr(optimizer, "variable_state_bytes"):
         # tfmemopt.optimizers (8-bit, factored): their own exact count.
         body = sum(optimizer.variable_state_bytes(s, d) for s, d in variables)
