@@ -327,8 +327,8 @@ class _Window:
         accumulators hold only its 1/R of the summed gradient. Each
         micro-batch's slice starts only once the previous one is added
         (`_after`), and its all-gathers wait for that start
-        (`gathers_after`), so one micro-batch's activations and gathered
-        weights are alive at a time.
+        (`gathers_after`): a guard against graph execution running later
+        gathers early (docs/sharding.md has the measured peaks).
         """
         acc, pieces = None, []
         for i, (start, size) in enumerate(self._cuts()):
