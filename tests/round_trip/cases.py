@@ -319,6 +319,14 @@ CASES = {
         {"checkpointing": "auto"},
         replicas=2,
     ),
+    # FSDP (#24): whole weights and state saved from the shards, loaded into
+    # a fresh sharded model; the micro-batches traced one by one.
+    "functional/shard_parameters+accumulation": Case(
+        "functional",
+        _adam,
+        {"shard_parameters": True, "accumulation_steps": 2},
+        replicas=2,
+    ),
 }
 
 
@@ -451,6 +459,7 @@ def _features(model) -> dict:
         # The options as configured, and the head the loss was computed
         # from (decided at the first training step).
         "long_sequences": getattr(model, "_long_sequences", None),
+        "sharded": getattr(model, "_shards", None) is not None,
         "chunked_head": getattr(
             getattr(model, "long_sequences", None), "head", None
         ),

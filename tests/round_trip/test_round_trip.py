@@ -36,6 +36,8 @@ def _check(name, results):
         assert expected["segments"], expected
     if cases.CASES[name].kwargs.get("chunked_loss"):
         assert expected["chunked_head"], expected
+    if cases.CASES[name].kwargs.get("shard_parameters"):
+        assert expected["sharded"], expected
     failures = []
     for way in cases.WAYS:
         got = results[way]
