@@ -1,8 +1,10 @@
 """The memory tools on real clients: estimate, find_batch_size, plan.
 
-One fresh process loops over three clients of `models.CLIENTS` (a keras-io
+One fresh process loops over two clients of `models.CLIENTS` (a keras-io
 text transformer, the keras-io captcha OCR with its CTC `add_loss` and
-x-only data, keras-hub's ViTImageClassifier); tests/clients/memory_tools.py
+x-only data; keras-hub's ViTImageClassifier was the third until the suite
+needed its time back: it is measured by hand with the other clients, as
+below); tests/clients/memory_tools.py
 says what is measured. Every client is measured by hand with
 `python benchmarks/clients.py --memory-tools` (the table in
 docs/clients.md, "The memory tools on the clients"): all eight took ~150 s
@@ -21,7 +23,7 @@ import pytest
 
 from .memory_tools import FIND_SLACK
 
-IN_SUITE = ("kio_text_transformer", "kio_captcha_ctc", "hub_vit_classifier")
+IN_SUITE = ("kio_text_transformer", "kio_captcha_ctc")
 
 CODE = """
 from tests.clients import memory_tools

@@ -19,17 +19,15 @@ state, and one more epoch trained from it equals the uninterrupted run to
 from __future__ import annotations
 
 import pytest
-from conftest import run_in_subprocess
 
 from tests.round_trip import cases
 
 pytestmark = pytest.mark.slow
 
 ONE_DEVICE = [n for n, c in cases.CASES.items() if c.replicas == 1]
-MULTI_DEVICE = [n for n, c in cases.CASES.items() if c.replicas > 1]
 
 
-def _check(name, results):
+def check(name, results):
     assert results["update"] > 0, results
     expected = results["features"]
     if cases.CASES[name].kwargs.get("checkpointing"):
@@ -59,30 +57,4 @@ def _check(name, results):
 def test_round_trip(name, tmp_path):
     if cases.CASES[name].model == "gpt2":
         pytest.importorskip("keras_hub")
-    _check(name, cases.run_case(name, str(tmp_path)))
-
-
-@pytest.fixture(scope="module")
-def multi_device_results(tmp_path_factory):
-    """Every multi-device case in one subprocess with 2 logical CPUs."""
-    workdir = str(tmp_path_factory.mktemp("round_trip"))
-    return run_in_subprocess(
-        f"""
-        import os
-        import tensorflow as tf
-        from tests.round_trip import cases
-        strategy = tf.distribute.MirroredStrategy(["CPU:0", "CPU:1"])
-        emit({{
-            name: cases.run_case(name, os.path.join({workdir!r}, str(i)),
-                                 strategy)
-            for i, name in enumerate({MULTI_DEVICE!r})
-        }})
-        """,
-        n_cpus=2,
-        timeout=600,
-    )
-
-
-@pytest.mark.parametrize("name", MULTI_DEVICE)
-def test_round_trip_multi_device(name, multi_device_results):
-    _check(name, multi_device_results[name])
+    check(name, cases.run_case(name, str(tmp_path)))

@@ -1,0 +1,42 @@
+"""The round-trip matrix's rows on 2 logical CPUs (`ShardedOptimizer`,
+`shard_parameters`): every multi-device case in one subprocess, checked as
+tests/round_trip/test_round_trip.py checks the others. A file of its own so
+that the suite's two workers (whole files each) share the matrix's time."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import run_in_subprocess
+
+from tests.round_trip import cases
+from tests.round_trip.test_round_trip import check
+
+pytestmark = pytest.mark.slow
+
+MULTI_DEVICE = [n for n, c in cases.CASES.items() if c.replicas > 1]
+
+
+@pytest.fixture(scope="module")
+def multi_device_results(tmp_path_factory):
+    """Every multi-device case in one subprocess with 2 logical CPUs."""
+    workdir = str(tmp_path_factory.mktemp("round_trip"))
+    return run_in_subprocess(
+        f"""
+        import os
+        import tensorflow as tf
+        from tests.round_trip import cases
+        strategy = tf.distribute.MirroredStrategy(["CPU:0", "CPU:1"])
+        emit({{
+            name: cases.run_case(name, os.path.join({workdir!r}, str(i)),
+                                 strategy)
+            for i, name in enumerate({MULTI_DEVICE!r})
+        }})
+        """,
+        n_cpus=2,
+        timeout=600,
+    )
+
+
+@pytest.mark.parametrize("name", MULTI_DEVICE)
+def test_round_trip_multi_device(name, multi_device_results):
+    check(name, multi_device_results[name])
