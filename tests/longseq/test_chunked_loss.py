@@ -144,3 +144,23 @@ def test_refuses_what_it_cannot_make_exact():
         tfmemopt.Model.wrap(_functional(), attention="flash")
     with pytest.raises(TypeError, match="chunked_loss"):
         tfmemopt.Model.wrap(_functional(), chunked_loss="yes")
+
+
+@pytest.mark.parametrize("variant", ["lora", "int8"])
+def test_refuses_a_lora_or_quantized_head(variant):
+    # keras-hub heads may carry LoRA or int8 weights: the chunked loss
+    # would compute the float kernel's logits, so it refuses, naming it.
+    x, y, _ = _data()
+    model = _functional()
+    head = model.get_layer("head")
+    if variant == "lora":
+        head.enable_lora(2)
+    else:
+        head.quantize("int8")
+    wrapped = tfmemopt.Model.wrap(model, chunked_loss=True)
+    wrapped.compile(
+        "sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    )
+    match = "LoRA enabled" if variant == "lora" else "quantized"
+    with pytest.raises(ValueError, match=match):
+        wrapped.train_on_batch(x, y)

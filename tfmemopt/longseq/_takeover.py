@@ -229,6 +229,15 @@ class _Forward:
         if any(head_of(t) is not None for t in leaves):
             return y_pred
         names = ", ".join(self.state.report.head_candidates) or "none"
+        # A quantized or LoRA head computes its output on its own path: say
+        # so rather than "computed after the head".
+        for layer, method in self.state.patched:
+            reason = method == "call" and _why_not_head(layer)
+            if reason and "activation" not in reason:
+                raise ValueError(
+                    f"chunked_loss=True cannot compute the loss of the head "
+                    f"{_path(layer)!r} exactly: {reason}."
+                )
         raise ValueError(
             "chunked_loss=True needs the model's output to be the logits of "
             "a linear head (a Dense with no activation, or a "
