@@ -4,8 +4,8 @@ A keras-hub `GPT2CausalLM` from random init with GPT-2's real vocabulary
 (50257), 2 layers, 12 heads, width 192 (intermediate 768), attention and
 residual dropout 0 (chunked attention refuses dropout; every variant gets the
 same model), batch 4, Adam, loss
-`SparseCategoricalCrossentropy(from_logits=True)`, at 4 x 512 and 4 x 1024
-tokens:
+`SparseCategoricalCrossentropy(from_logits=True)`, at 4 x 512, 4 x 1024 and
+4 x 2048 tokens:
 
 - plain `keras.Model.fit` (the model compiled as it is);
 - `tfmemopt.Model.wrap(model)`;
@@ -52,7 +52,7 @@ VARIANTS = {
         "accumulation_steps": 2,
     },
 }
-GPT2 = [("gpt2", v, t) for t in (512, 1024) for v in list(VARIANTS)[:5]]
+GPT2 = [("gpt2", v, t) for t in (512, 1024, 2048) for v in list(VARIANTS)[:5]]
 STACK = [("stack", v, 2048) for v in VARIANTS if "chunked" not in v]
 
 
@@ -169,7 +169,7 @@ def main():
         results[key] = run(*key)
         print(key, results[key], flush=True)
     times = {}
-    for seq_len in (512, 1024):
+    for seq_len in (512, 1024, 2048):
         times[seq_len] = run("gpt2", "timing", seq_len) or {}
         print("time", seq_len, times[seq_len], flush=True)
     rows = []
