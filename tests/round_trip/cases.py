@@ -307,16 +307,13 @@ CASES = {
         },
         tokens=True,
     ),
-    "functional/sharded1+accumulation": Case(
-        "functional",
-        _sharded(1, _adam),
-        {"accumulation_steps": 2},
-        replicas=2,
-    ),
-    "functional/sharded2_adamw8bit+auto": Case(
+    # ShardedOptimizer: one row for stage 2, 8-bit state, auto checkpointing
+    # and accumulation together (stage 1 without accumulation is saved and
+    # read at other replica counts in test_sharded_optimizer_checkpoints.py).
+    "functional/sharded2_adamw8bit+auto+accumulation": Case(
         "functional",
         _sharded(2, _adamw8bit),
-        {"checkpointing": "auto"},
+        {"checkpointing": "auto", "accumulation_steps": 2},
         replicas=2,
     ),
     # FSDP (#24): whole weights and state saved from the shards, loaded into
