@@ -88,8 +88,9 @@ def _chunked(h, w, b, y, rows, transpose, with_bias):
         cols = tf.maximum(1, (rows * vocab) // tf.maximum(n, 1))
         blocks = (vocab + cols - 1) // cols
 
-        def body(j, top, total, target):
-            start = j * cols
+        def block(start):
+            """The kernel's columns `start:start + cols` and their float32
+            logits (the same block in the forward and backward loops)."""
             if transpose:
                 w_blk = w[start : start + cols]
             else:
@@ -97,7 +98,11 @@ def _chunked(h, w, b, y, rows, transpose, with_bias):
             logits = tf.matmul(h, w_blk, transpose_b=transpose)
             if with_bias:
                 logits = logits + b[start : start + cols]
-            logits = tf.cast(logits, tf.float32)
+            return w_blk, tf.cast(logits, tf.float32)
+
+        def body(j, top, total, target):
+            start = j * cols
+            _, logits = block(start)
             width = tf.shape(logits)[1]
             new_top = tf.maximum(top, tf.reduce_max(logits, axis=-1))
             total = total * tf.exp(top - new_top) + tf.reduce_sum(
@@ -129,14 +134,7 @@ def _chunked(h, w, b, y, rows, transpose, with_bias):
 
             def gbody(j, dh, dw, db_ta):
                 start = j * cols
-                if transpose:
-                    w_blk = w[start : start + cols]
-                else:
-                    w_blk = w[:, start : start + cols]
-                logits = tf.matmul(h, w_blk, transpose_b=transpose)
-                if with_bias:
-                    logits = logits + b[start : start + cols]
-                logits = tf.cast(logits, tf.float32)
+                w_blk, logits = block(start)
                 d = tf.exp(logits - lse[:, None]) * up
                 width = tf.shape(d)[1]
                 # Minus the upstream gradient at each label in this block.
