@@ -60,6 +60,78 @@ def test_equals_keras_dot_product_attention_and_its_gradient(
         assert _diff(*results) < 2e-6, (m is None, causal)
 
 
+def _skippable_masks():
+    """Masks that hide whole blocks: GPT-2's causal + key padding, a band
+    (sliding window: blocks hidden on both sides), trailing key padding
+    alone, and a causal mask with one fully masked row."""
+    rows, cols = np.arange(T)[:, None], np.arange(T)[None, :]
+    causal = np.broadcast_to(rows >= cols, (B, 1, T, T)).copy()
+    padded = causal.copy()
+    padded[1, :, :, -3:] = False  # batch 1's last 3 tokens are padding
+    band = np.broadcast_to((rows >= cols) & (rows - cols < 4), (B, 1, T, T))
+    keys = np.ones((B, 1, 1, T), bool)
+    keys[:, :, :, -4:] = False
+    one_row = causal.copy()
+    one_row[0, 0, 5] = False
+    return [padded, band.copy(), keys, one_row]
+
+
+@pytest.mark.parametrize("min_rows, per_head", BLOCKS[1:3])
+def test_skipping_hidden_blocks_changes_no_bit(monkeypatch, min_rows, per_head):
+    monkeypatch.setattr(_attention, "MIN_ROWS", min_rows)
+    rng = np.random.default_rng(4)
+    q, k, v, d_out = (
+        tf.constant(rng.normal(size=(B, T, N, H)), tf.float32) for _ in range(4)
+    )
+    block_elements = B * N * per_head
+
+    def run(attend, m, causal):
+        with tf.GradientTape() as tape:
+            tape.watch([q, k, v])
+            out = attend(q, k, v, mask=m, is_causal=causal)
+            s = tf.reduce_sum(out * d_out)
+        return [out, *tape.gradient(s, [q, k, v])]
+
+    def chunked(*args, **kwargs):
+        return dot_product_attention(
+            *args, **kwargs, block_elements=block_elements
+        )
+
+    cases = [(tf.constant(m), False) for m in _skippable_masks()]
+    cases.append((None, True))
+    skipped = []
+    for m, causal in cases:
+        got = run(chunked, m, causal)
+        want = run(keras.ops.dot_product_attention, m, causal)
+        assert _diff(got, want) < 2e-6, (m is None, causal)
+        # Against the same blocks computed in full (no skipping): equal
+        # to the bit, in the output and the three gradients.
+        with monkeypatch.context() as patch:
+            patch.setattr(
+                _attention,
+                "_key_range",
+                lambda *a: (tf.constant(0), a[-1]),
+            )
+            full = run(chunked, m, causal)
+        for a, b in zip(got, full):
+            np.testing.assert_array_equal(a.numpy(), b.numpy())
+        rows, cols = _attention._block_shape(q, k, block_elements)
+        k_blocks = (T + cols - 1) // cols
+        ranges = [
+            _attention._key_range(
+                m, causal, q0, min(int(rows), T - q0), T, cols, k_blocks
+            )
+            for q0 in range(0, T, int(rows))
+        ]
+        skipped.append(
+            sum(int(k_blocks) - int(hi) + int(lo) for lo, hi in ranges)
+        )
+    # Every mask hides whole blocks somewhere: the padded and causal ones
+    # at the end of the first query blocks' keys, the band before and
+    # after, the key padding at the end.
+    assert all(n > 0 for n in skipped), skipped
+
+
 def test_static_batch_of_one_in_graph_mode():
     # A micro-batch of 1 (accumulation) traces with a static batch of 1:
     # the gradient's loop variables keep that shape over key blocks.

@@ -12,6 +12,15 @@ survives between the passes. Blocks take whole key rows while at least
 `MIN_ROWS` query rows fit (one key block, the cheapest shape); only longer
 keys are cut.
 
+Blocks that the mask hides entirely are skipped in both passes: each query
+block runs over the key blocks from its first to its last unmasked key
+(under a causal mask, about half the blocks at long lengths), and each key
+block over the query blocks that see it. A score hidden by the mask adds
+exactly zero to the softmax of a row that sees some key (its exponential
+underflows to 0.0), so the skip changes no bit; a query block that has a
+fully masked row (which attends uniformly to every key, as in Keras) runs
+over every block.
+
 The arithmetic follows Keras's TensorFlow `dot_product_attention`:
 scores in float32 times `scale`, masked positions set to the same large
 negative number (so a fully masked query row attends uniformly, as there),
@@ -131,6 +140,41 @@ def _block_mask(mask, is_causal, q0, rows, k0, cols):
     return block
 
 
+def _key_range(mask, is_causal, q0, rows, s_len, cols, k_blocks):
+    """Key blocks `[lo, hi)` holding every unmasked key of query rows
+    `[q0, q0 + rows)`; every block if one of those rows is fully masked."""
+    everything = (tf.constant(0), k_blocks)
+    if mask is None:
+        if not is_causal:
+            return everything
+        # Row q sees keys 0..q: its last block holds key q0 + rows - 1.
+        return tf.constant(0), tf.minimum((q0 + rows - 1) // cols + 1, k_blocks)
+    if mask.shape[3] == 1:  # broadcast over keys: nothing to locate
+        return everything
+    block = _block_mask(mask, is_causal, q0, rows, 0, s_len)
+    seen = tf.where(tf.reduce_any(block, axis=[0, 1, 2]))[:, 0]
+    exact = tf.logical_and(
+        tf.reduce_all(tf.reduce_any(block, axis=-1)), tf.size(seen) > 0
+    )
+    first = tf.cast(tf.reduce_min(seen), tf.int32)
+    last = tf.cast(tf.reduce_max(seen), tf.int32)
+    return (
+        tf.where(exact, first // cols, 0),
+        tf.where(exact, last // cols + 1, k_blocks),
+    )
+
+
+def _query_range(j, lo, hi):
+    """Query blocks `[first, last]` whose key range `[lo_i, hi_i)` holds key
+    block `j` (at least one block, so the loops never run empty)."""
+    seen = tf.where(tf.logical_and(lo <= j, j < hi))[:, 0]
+    first = tf.cast(tf.reduce_min(seen), tf.int32)
+    last = tf.cast(tf.reduce_max(seen), tf.int32)
+    any_seen = tf.size(seen) > 0
+    first = tf.where(any_seen, first, 0)
+    return first, tf.where(any_seen, last + 1, 1)
+
+
 def _scores(q_blk, k_blk, block_mask, scale):
     s = tf.einsum("BTNH,BSNH->BNTS", q_blk, k_blk)
     s = tf.cast(s, tf.float32) * scale
@@ -139,11 +183,11 @@ def _scores(q_blk, k_blk, block_mask, scale):
     return s
 
 
-def _loop(n, body, loop_vars, invariants):
+def _loop(n, body, loop_vars, invariants, start=None):
     return tf.while_loop(
         lambda i, *_: i < n,
         body,
-        [tf.constant(0), *loop_vars],
+        [tf.constant(0) if start is None else start, *loop_vars],
         shape_invariants=[tf.TensorShape([]), *invariants],
         parallel_iterations=1,
     )[1:]
@@ -167,10 +211,13 @@ def _attend(query, key, value, mask, scale, is_causal, block_elements):
         k_blocks = (s_len + cols - 1) // cols
         batch_heads = tf.stack([tf.shape(q)[0], tf.shape(q)[2]])
 
-        def q_body(i, out_ta, max_ta, log_ta):
+        def q_body(i, out_ta, max_ta, log_ta, lo_ta, hi_ta):
             q0 = i * rows
             q_blk = q[:, q0 : q0 + rows]
             r = tf.shape(q_blk)[1:2]
+            lo, hi = _key_range(
+                mask, is_causal, q0, r[0], s_len, cols, k_blocks
+            )
 
             def k_body(j, m, total, acc):
                 k0 = j * cols
@@ -192,7 +239,7 @@ def _attend(query, key, value, mask, scale, is_causal, block_elements):
 
             lead = tf.concat([batch_heads, r], 0)
             m, total, acc = _loop(
-                k_blocks,
+                hi,
                 k_body,
                 [
                     tf.fill(lead, tf.constant(-float("inf"))),
@@ -200,6 +247,7 @@ def _attend(query, key, value, mask, scale, is_causal, block_elements):
                     tf.zeros(tf.concat([lead, tf.shape(v)[3:]], 0)),
                 ],
                 [any_shape] * 3,
+                start=lo,
             )
             o = tf.cast(acc / total[..., None], v.dtype)
             out_ta = out_ta.write(i, tf.transpose(o, [2, 0, 1, 3]))
@@ -210,15 +258,28 @@ def _attend(query, key, value, mask, scale, is_causal, block_elements):
             log_ta = log_ta.write(
                 i, tf.transpose(tf.math.log(total), [2, 0, 1])
             )
-            return i + 1, out_ta, max_ta, log_ta
+            return (
+                i + 1,
+                out_ta,
+                max_ta,
+                log_ta,
+                lo_ta.write(i, lo),
+                hi_ta.write(i, hi),
+            )
 
-        out_ta, max_ta, log_ta = _loop(
+        out_ta, max_ta, log_ta, lo_ta, hi_ta = _loop(
             q_blocks,
             q_body,
             [_array(v.dtype, q_blocks)]
-            + [_array(tf.float32, q_blocks) for _ in range(2)],
-            [any_shape] * 3,
+            + [_array(tf.float32, q_blocks) for _ in range(2)]
+            + [
+                tf.TensorArray(tf.int32, size=q_blocks, element_shape=[])
+                for _ in range(2)
+            ],
+            [any_shape] * 5,
         )
+        # Each query block's key blocks [lo, hi), for the backward pass.
+        key_lo, key_hi = lo_ta.stack(), hi_ta.stack()
         # (T, B, N, H) -> (B, T, N, H); (T, B, N) -> (B, N, T).
         out = tf.transpose(out_ta.concat(), [1, 0, 2, 3])
         out = tf.ensure_shape(out, q.shape[:-1] + v.shape[-1:])
@@ -239,6 +300,7 @@ def _attend(query, key, value, mask, scale, is_causal, block_elements):
                 k_blk = k[:, k0 : k0 + cols]
                 v_blk = v[:, k0 : k0 + cols]
                 c = tf.shape(k_blk)[1]
+                first, stop = _query_range(j, key_lo, key_hi)
 
                 def q_body(i, dq_ta, dk_blk, dv_blk):
                     q0 = i * rows
@@ -266,22 +328,32 @@ def _attend(query, key, value, mask, scale, is_causal, block_elements):
                     dk_blk = dk_blk + tf.cast(
                         tf.einsum("BNTS,BTNH->BSNH", ds, q_blk), tf.float32
                     )
-                    dq_ta = dq_ta.write(i, tf.transpose(dq_blk, [1, 0, 2, 3]))
+                    dq_ta = dq_ta.write(
+                        i - first, tf.transpose(dq_blk, [1, 0, 2, 3])
+                    )
                     return i + 1, dq_ta, dk_blk, dv_blk
 
                 dq_ta, dk_blk, dv_blk = _loop(
-                    q_blocks,
+                    stop,
                     q_body,
                     [
-                        _array(q.dtype, q_blocks),
+                        _array(q.dtype, stop - first),
                         tf.zeros(tf.shape(k_blk), tf.float32),
                         tf.zeros(tf.shape(v_blk), tf.float32),
                     ],
                     [any_shape] * 3,
+                    start=first,
                 )
-                # Pinned to q's static shape: the concat's batch is None, and
-                # the loop variable must keep one shape (batch 1 included).
+                # The query rows [first * rows, end) this key block reached,
+                # placed in a zero (B, T, N, H); pinned to q's static shape:
+                # the concat's batch is None, and the loop variable must keep
+                # one shape (batch 1 included).
                 dq_part = tf.transpose(dq_ta.concat(), [1, 0, 2, 3])
+                q_start = first * rows
+                q_end = tf.minimum(stop * rows, t_len)
+                dq_part = tf.pad(
+                    dq_part, [[0, 0], [q_start, t_len - q_end], [0, 0], [0, 0]]
+                )
                 dq = dq + tf.cast(tf.ensure_shape(dq_part, q.shape), tf.float32)
                 dk_ta = dk_ta.write(j, tf.transpose(dk_blk, [1, 0, 2, 3]))
                 dv_ta = dv_ta.write(j, tf.transpose(dv_blk, [1, 0, 2, 3]))
