@@ -408,3 +408,22 @@ def test_skip_optimizer_all_reduce_leaves_gradients_as_given():
     pairs = [(tf.constant([1.0, 1.0]), kernel)]
     assert sgd._all_reduce_sum_gradients(pairs) == pairs
     assert sgd._clip_gradients(["g"]) == ["g"]
+
+
+def test_train_step_function_is_the_one_keras_runs():
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile("sgd", "mse")
+    assert _compat.train_step_function(model) is None  # not made yet
+    model.make_train_function()
+    step = _compat.train_step_function(model)
+    data = tf.data.Dataset.from_tensor_slices(
+        (np.ones((4, 3), "float32"), np.ones((4, 2), "float32"))
+    ).batch(4)
+    graph = step.get_concrete_function(data.element_spec).graph
+    assert any(op.type == "MatMul" for op in graph.get_operations())
+    model.fit(data, verbose=0, shuffle=False)
+    # fit ran the function traced above: no second trace.
+    assert step.experimental_get_tracing_count() == 1
+    model.compile("sgd", "mse", run_eagerly=True)
+    model.make_train_function()
+    assert _compat.train_step_function(model) is None

@@ -218,3 +218,18 @@ def skip_optimizer_all_reduce(optimizer) -> None:
     is already its part of the sum, clipped with the whole norm."""
     object.__setattr__(optimizer, "_all_reduce_sum_gradients", list)
     object.__setattr__(optimizer, "_clip_gradients", lambda grads: grads)
+
+
+def train_step_function(model):
+    """The `tf.function` Keras runs for one train step (`one_step_on_data`
+    in the closure of `model.train_function`, which calls
+    `strategy.run(train_step)`), or None (run eagerly, or not found)."""
+    fn = getattr(model, "train_function", None)
+    cells = getattr(fn, "__closure__", None) or ()
+    names = getattr(getattr(fn, "__code__", None), "co_freevars", ())
+    for name, cell in zip(names, cells):
+        if name == "one_step_on_data":
+            step = getattr(cell.cell_contents, "__wrapped__", None)
+            if hasattr(step, "get_concrete_function"):
+                return step
+    return None
