@@ -401,6 +401,22 @@ def test_replace_storage_makes_the_variable_read_and_write_it():
     assert np.array_equal(storage.assigned, [3.0, 4.0])
 
 
+def test_in_symbolic_scope_sees_keras_symbolic_scope():
+    assert not _compat.in_symbolic_scope()
+    with keras.SymbolicScope():
+        assert _compat.in_symbolic_scope()
+    seen = []
+
+    class Probe(keras.layers.Layer):
+        def call(self, x):
+            seen.append(_compat.in_symbolic_scope())
+            return x
+
+    Probe()(keras.Input((2,)))  # traced by compute_output_spec
+    Probe()(np.ones((1, 2), "float32"))
+    assert seen == [True, False] and not _compat.in_symbolic_scope()
+
+
 def test_skip_optimizer_all_reduce_leaves_gradients_as_given():
     sgd, (kernel, bias) = _built_optimizer("sgd")
     sgd.global_clipnorm = 1e-3

@@ -211,6 +211,17 @@ def storage(variable):
     return variable._value
 
 
+def in_symbolic_scope() -> bool:
+    """Whether Keras is tracing shapes only (inside `keras.SymbolicScope`,
+    as `compute_output_spec` and the symbolic build of `fit` are): the
+    graph traced there never runs. Read from the module of the public
+    `keras.SymbolicScope` (its `in_symbolic_scope`)."""
+    import sys
+
+    module = sys.modules[keras.SymbolicScope.__module__]
+    return bool(module.in_symbolic_scope())
+
+
 def skip_optimizer_all_reduce(optimizer) -> None:
     """Switches off the TensorFlow optimizer's gradient all-reduce
     (`_all_reduce_sum_gradients`) and its per-replica clipping

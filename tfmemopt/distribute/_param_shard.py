@@ -28,6 +28,7 @@ import contextlib
 import numpy as np
 import tensorflow as tf
 
+from tfmemopt import _compat
 from tfmemopt.distribute._gather_order import ordered
 from tfmemopt.distribute._gradients import clip
 from tfmemopt.distribute._gradients import clipping_of
@@ -35,8 +36,10 @@ from tfmemopt.distribute._gradients import count_non_finite
 from tfmemopt.distribute._gradients import sum_of_squares
 from tfmemopt.distribute._param_shard_state import build_whole_state
 from tfmemopt.distribute._param_shard_state import components
+from tfmemopt.distribute._param_shard_state import local_replica_ids
 from tfmemopt.distribute._param_shard_state import write_parts
 from tfmemopt.distribute._shard_layout import Layout
+from tfmemopt.distribute._shard_state import all_gather_parts
 
 
 class ShardedValue:
@@ -57,6 +60,7 @@ class ShardedValue:
         self.dtype = tf.as_dtype(shard.dtype)
         self.shape = tf.TensorShape(layout.shape)
         self._unique_id = f"sharded/{name}"
+        self._gather_fn = None
 
     # -- reads ------------------------------------------------------------
     def local_part(self):
@@ -74,7 +78,14 @@ class ShardedValue:
     def whole_from_part(self, part):
         """The whole weight from this replica's `part` (an all-gather)."""
         ctx = tf.distribute.get_replica_context()
-        whole = ctx.all_gather(ordered(part), axis=0)
+        part = ordered(part)
+        if not part.device:
+            # The all-gather sends to the device of what it is given; a
+            # read inside a traced function may carry none (Keras's
+            # evaluate and predict steps under MultiWorkerMirroredStrategy).
+            with tf.device(self._component(ctx).device):
+                part = tf.identity(part)
+        whole = ctx.all_gather(part, axis=0)
         blocks = tf.reshape(whole, [self.layout.replicas, self.layout.c])
         return self.layout.assemble(blocks)
 
@@ -93,9 +104,46 @@ class ShardedValue:
                     "inside another strategy's replica."
                 )
         parts = [tf.convert_to_tensor(p) for p in components(self.shard)]
+        if len(parts) != self.layout.replicas:
+            if _compat.in_symbolic_scope() and not tf.executing_eagerly():
+                # Keras traces shapes only (the symbolic build of `fit`):
+                # this graph never runs, and a collective here would wait
+                # for the other workers.
+                return tf.zeros(self.shape, self.dtype)
+            return self._gathered_across_workers()
         with tf.device(parts[0].device):
             blocks = tf.stack(parts, 0)
             return self.layout.assemble(blocks)
+
+    def _component(self, ctx):
+        """This replica's component of the shard (`ctx` its context)."""
+        r = int(tf.get_static_value(ctx.replica_id_in_sync_group))
+        index = local_replica_ids(self.strategy).index(r)
+        return components(self.shard)[index]
+
+    def _gathered_across_workers(self):
+        """The whole weight under a multi-worker strategy, where this worker
+        holds only its replicas' parts: an all-gather run in every replica,
+        so every worker must read the weight too (`get_weights` and saving
+        do, in the same order on every worker)."""
+        if self._gather_fn is None:
+            replicas = self.layout.replicas
+
+            @tf.function(autograph=False)
+            def gather():
+                # This replica's component, read on its device: the all-
+                # gather sends to the device of what it is given.
+                ctx = tf.distribute.get_replica_context()
+                component = self._component(ctx)
+                with tf.device(component.device):
+                    part = tf.identity(component)
+                return all_gather_parts(ctx, [part], replicas)[0]
+
+            self._gather_fn = gather
+        with self.strategy.scope():
+            blocks = self.strategy.run(self._gather_fn)
+        first = self.strategy.experimental_local_results(blocks)[0]
+        return self.layout.assemble(first)
 
     def numpy(self):
         return self.gathered().numpy()
@@ -116,13 +164,12 @@ class ShardedValue:
             flat = np.reshape(np.asarray(value), [-1]).astype(
                 self.dtype.as_numpy_dtype
             )
-            parts = components(self.shard)
-            if len(parts) != self.layout.replicas:
-                raise NotImplementedError(
-                    "Assigning a sharded weight under a multi-worker "
-                    "strategy is not supported yet."
-                )
-            write_parts(parts, self.layout, flat)
+            write_parts(
+                components(self.shard),
+                self.layout,
+                flat,
+                local_replica_ids(self.strategy),
+            )
             return value
         raise ValueError(
             f"Weight {self.name!r} is sharded across replicas "
@@ -227,25 +274,10 @@ def shard_model(model, optimizer) -> ShardSet | None:
     """
     import keras
 
-    from tfmemopt import _compat
-
     strategy = model.distribute_strategy
     replicas = strategy.num_replicas_in_sync
     if replicas <= 1 or optimizer is None:
         return None
-    if _compat.extended_multi_worker_mode(strategy):
-        raise ValueError(
-            "shard_parameters=True does not support "
-            f"{type(strategy).__name__} across workers yet: each worker "
-            "holds only its own replicas' parts, so cutting whole weights "
-            "into parts (compile, set_weights, loading) and assembling them "
-            "(get_weights, saving) would need a collective that every "
-            "worker joins, which is not implemented. Use "
-            "shard_parameters=True under MirroredStrategy on one machine's "
-            "devices, or keep whole weights across workers and shard the "
-            "optimizer state with tfmemopt.ShardedOptimizer (stages 1 and "
-            "2 support MultiWorkerMirroredStrategy)."
-        )
     inner = optimizer
     while isinstance(inner, keras.optimizers.LossScaleOptimizer):
         inner = inner.inner_optimizer
@@ -271,6 +303,7 @@ def shard_model(model, optimizer) -> ShardSet | None:
         and not _compat.uses_weight_decay(inner, w)
     }
     shards = []
+    replica_ids = local_replica_ids(strategy)
     with strategy.scope():
         for w in originals:
             shape = tuple(int(d) for d in w.shape)
@@ -286,9 +319,7 @@ def shard_model(model, optimizer) -> ShardSet | None:
                     name=w.name,
                     aggregation="none",
                 )
-            parts = components(shard)
-            for r, part in enumerate(parts):
-                part.assign(layout.local_numpy(whole, r))
+            write_parts(components(shard), layout, whole, replica_ids)
             shard.whole_shape = shape
             shard._tfmemopt_shard_of = w
             _compat.replace_storage(
@@ -318,7 +349,6 @@ def _path_scope(path: str):
 def _prepare_optimizer(inner, originals, shards, excluded=None) -> None:
     """Weight-decay exclusions carried to the shards; Keras's all-reduce
     and per-replica clipping off."""
-    from tfmemopt import _compat
 
     if excluded is None:  # compiled again: ask by the original names
         excluded = set()

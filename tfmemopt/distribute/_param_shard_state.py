@@ -11,8 +11,10 @@ replica keeps its part.
 from __future__ import annotations
 
 import warnings
+import weakref
 
 import numpy as np
+import tensorflow as tf
 
 from tfmemopt.distribute._shard_plan import _described_state
 from tfmemopt.distribute._shard_state import read_whole
@@ -121,28 +123,62 @@ class WholeState:
                 continue
             _, layout = self.partitioned[id(v)]
             flat = np.reshape(np.asarray(value), [-1])
-            parts = components(v)
-            if len(parts) != layout.replicas:
-                raise NotImplementedError(
-                    "Loading a sharded optimizer state under a multi-worker "
-                    "strategy is not supported yet."
-                )
-            write_parts(parts, layout, flat)
+            write_parts(
+                components(v), layout, flat, local_replica_ids(self.strategy)
+            )
 
 
-def write_parts(parts, layout, flat) -> None:
+def write_parts(parts, layout, flat, replica_ids=None) -> None:
     """Writes each replica's part of the whole `flat` into its component.
 
-    The padding after a short part keeps what the component holds: zeros
-    for weights and elementwise slots, and for 8-bit codes the code of
-    zero their build wrote (a literal 0 code decodes to minus the block's
-    maximum).
+    `parts` are the local components; `replica_ids` their replicas' global
+    indices (`local_replica_ids`: under a multi-worker strategy a worker
+    holds only its own replicas' components, so worker 1's first component
+    is not replica 0's). The padding after a short part keeps what the
+    component holds: zeros for weights and elementwise slots, and for 8-bit
+    codes the code of zero their build wrote (a literal 0 code decodes to
+    minus the block's maximum).
     """
-    for r, part in enumerate(parts):
+    if replica_ids is None:
+        replica_ids = range(len(parts))
+    replica_ids = list(replica_ids)
+    if len(replica_ids) != len(parts):
+        raise ValueError(
+            f"{len(parts)} local components but {len(replica_ids)} replica "
+            "indices."
+        )
+    for r, part in zip(replica_ids, parts):
         current = np.asarray(part.numpy())
         start, size = layout.offsets[r], layout.sizes[r]
         current[:size] = flat[start : start + size].astype(current.dtype)
         part.assign(current)
+
+
+_REPLICA_IDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def local_replica_ids(strategy) -> list:
+    """The global index (`replica_id_in_sync_group`) of each of this
+    worker's replicas, in the order of a distributed variable's local
+    components. All replicas are local to one machine's strategy; under a
+    multi-worker strategy they are asked once (no collective)."""
+    ids = _REPLICA_IDS.get(strategy)
+    if ids is not None:
+        return ids
+    local = strategy.extended.worker_devices
+    if len(local) == strategy.num_replicas_in_sync:
+        ids = list(range(len(local)))
+    else:
+
+        def replica_id():
+            ctx = tf.distribute.get_replica_context()
+            return tf.constant(ctx.replica_id_in_sync_group)
+
+        with strategy.scope():
+            out = strategy.run(replica_id)
+        ids = [int(t) for t in strategy.experimental_local_results(out)]
+    _REPLICA_IDS[strategy] = ids
+    return ids
 
 
 def components(variable) -> list:

@@ -1,0 +1,286 @@
+"""`shard_parameters=True` under MultiWorkerMirroredStrategy: two processes.
+
+Two worker processes on 127.0.0.1 (one CPU replica each, so every weight is
+cut in two across the processes) train the same small model (sizes that are
+not multiples of 2, a one-element weight) sharded, and unsharded with
+Keras's own optimizer under the same strategy (the floor); worker 0 also
+trains it on one device. Checked, in one pair of processes:
+
+- each worker holds only its replica's part of every weight and optimizer
+  slot (bytes of every live variable <= 1/2 + 2 % of the unsharded run's),
+  and that part is the one of its GLOBAL replica index (worker 1 holds the
+  second half), after compile, `set_weights` and `load_weights`;
+- `get_weights` (an all-gather both workers join) gives whole weights,
+  as close to one device as the unsharded run under the strategy;
+- `evaluate` and `predict` equal a plain model with those whole weights;
+- `save_weights` from the chief (worker 1 writes to a temporary directory,
+  Keras's multi-worker convention) holds the whole weights and optimizer
+  state, loads with no strategy, and loads back into the sharded model.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from conftest import ROOT
+from conftest import saved_optimizer_state
+
+WORKER = r"""
+import gc, json, os, sys, tempfile, weakref
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import numpy as np
+import tensorflow as tf
+import keras
+import tfmemopt
+
+out_path = sys.argv[1]
+D = os.path.dirname(out_path)
+task = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+rng = np.random.default_rng(0)
+X = rng.normal(size=(64, 37)).astype("float32")
+Y = rng.normal(size=(64, 5)).astype("float32")
+
+
+@keras.saving.register_keras_serializable(package="test_fsdp_mw")
+class Scale(keras.layers.Layer):
+    # One weight of one element: smaller than R.
+    def build(self, input_shape):
+        self.w = self.add_weight(shape=(1,), initializer="ones", name="w")
+
+    def call(self, x):
+        return x * self.w
+
+
+def build(shard):
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((37,))
+    h = keras.layers.Dense(61, activation="tanh")(inp)
+    h = keras.layers.Dense(130, activation="tanh")(h)
+    m = tfmemopt.Model(inp, Scale()(keras.layers.Dense(5)(h)),
+                       shard_parameters=shard, accumulation_steps=2)
+    m.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse")
+    return m
+
+
+class Made:
+    # Every variable created inside (weak references): the bytes of the
+    # local components still alive, by device.
+    def __init__(self):
+        self.refs = []
+
+    def __enter__(self):
+        def creator(next_creator, **kwargs):
+            v = next_creator(**kwargs)
+            self.refs.append(weakref.ref(v))
+            return v
+        self.scope = tf.variable_creator_scope(creator)
+        self.scope.__enter__()
+        return self
+
+    def __exit__(self, *args):
+        self.scope.__exit__(*args)
+
+    def live_bytes(self):
+        gc.collect()
+        out = {}
+        for ref in self.refs:
+            v = ref()
+            for c in getattr(v, "values", [v]) if v is not None else []:
+                d = c.device[c.device.find("device:"):]
+                out[d] = out.get(d, 0) + int(np.prod(c.shape)) * c.dtype.size
+        return out
+
+
+strategy = tfmemopt.distribute.auto_strategy()
+opts = tf.data.Options()
+opts.experimental_distribute.auto_shard_policy = (
+    tf.data.experimental.AutoShardPolicy.DATA)
+ds = tf.data.Dataset.from_tensor_slices((X, Y)).batch(16).with_options(opts)
+
+
+def fit(shard):
+    with strategy.scope(), Made() as made:
+        m = build(shard)
+    with made:
+        m.fit(ds, epochs=2, verbose=0)
+    return m, made.live_bytes()
+
+
+def own_parts(m, whole):
+    # Each local component of each shard holds the part of its global
+    # replica index.
+    from tfmemopt.distribute._param_shard_state import components
+    ctx_ids = strategy.experimental_local_results(strategy.run(
+        lambda: tf.constant(
+            tf.distribute.get_replica_context().replica_id_in_sync_group)))
+    ids = [int(i) for i in ctx_ids]
+    ok = True
+    for w, a in zip(m.trainable_weights, whole):
+        value = w._value
+        for r, part in zip(ids, components(value.shard)):
+            want = value.layout.local_numpy(np.reshape(a, [-1]), r)
+            ok = ok and np.array_equal(np.asarray(part), want)
+    return ok, ids
+
+
+result = {"replicas": strategy.num_replicas_in_sync}
+ms, result["bytes_sharded"] = fit(True)
+result["sharded"] = ms._shards is not None
+w = [np.array(v) for v in ms.get_weights()]
+result["own_parts_fit"], result["ids"] = own_parts(ms, w)
+result["weights"] = [v.ravel().tolist() for v in w]
+
+plain = build(False)
+plain.set_weights(w)
+result["evaluate"] = abs(ms.evaluate(ds, verbose=0)
+                         - plain.evaluate(X, Y, batch_size=16, verbose=0))
+pred = ms.predict(X, batch_size=16, verbose=0)
+result["predict_shape"] = list(pred.shape)
+if pred.shape == (64, 5):
+    result["predict"] = float(np.max(np.abs(
+        pred - plain.predict(X, verbose=0))))
+
+# save_weights: the chief writes the file, worker 1 a temporary one (both
+# join the gathers).
+where = D if task == 0 else tempfile.mkdtemp()
+ms.save_weights(os.path.join(where, "s.weights.h5"))
+ms.save(os.path.join(where, "s.keras"))
+
+# set_weights cuts whole arrays by global replica index.
+ms.set_weights([v + 1.0 for v in w])
+result["set_ok"] = all(np.array_equal(v + 1.0, g)
+                       for v, g in zip(w, ms.get_weights()))
+result["own_parts_set"], _ = own_parts(ms, [v + 1.0 for v in w])
+# load_weights (the chief's file, on both workers) cuts it back, optimizer
+# state too: saved again it is the same file.
+ms.load_weights(os.path.join(D, "s.weights.h5"))
+result["load_ok"] = all(np.array_equal(v, g)
+                        for v, g in zip(w, ms.get_weights()))
+result["own_parts_load"], _ = own_parts(ms, w)
+ms.save_weights(os.path.join(
+    D if task == 0 else tempfile.mkdtemp(), "again.weights.h5"))
+
+mu, result["bytes_plain"] = fit(False)
+result["floor_weights"] = [v.numpy().ravel().tolist() for v in mu.weights]
+
+if task == 0:
+    ref = build(False)
+    ref.fit(X, Y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+    result["w0"] = [v.ravel().tolist() for v in build(False).get_weights()]
+    result["reference"] = [v.numpy().ravel().tolist() for v in ref.weights]
+    ref.save_weights(os.path.join(D, "ref.weights.h5"))
+    # The multi-worker file loads with no strategy: whole weights.
+    alone = build(False)
+    alone.optimizer.build(alone.trainable_variables)
+    alone.load_weights(os.path.join(D, "s.weights.h5"))
+    result["alone_ok"] = all(np.array_equal(v, g)
+                             for v, g in zip(w, alone.get_weights()))
+    loaded = keras.saving.load_model(os.path.join(D, "s.keras"))
+    result["keras_ok"] = all(np.array_equal(v, g)
+                             for v, g in zip(w, loaded.get_weights()))
+    result["keras_state"] = len(loaded.optimizer.variables) == len(
+        ref.optimizer.variables) and all(
+        np.allclose(a, b, atol=1e-4) for a, b in zip(
+            loaded.optimizer.variables, ref.optimizer.variables))
+with open(out_path, "w") as f:
+    json.dump(result, f)
+"""
+
+TIMEOUT = 240
+
+
+def _free_ports(n):
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def _run_workers(tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in _free_ports(2)]}
+    procs, outs = [], []
+    for i in range(2):
+        env = dict(os.environ)
+        env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+        env["TF_CONFIG"] = json.dumps(
+            {"cluster": cluster, "task": {"type": "worker", "index": i}}
+        )
+        env.pop("TPU_NAME", None)
+        out = tmp_path / f"out{i}.json"
+        log = open(tmp_path / f"log{i}.txt", "w")
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(script), str(out)],
+                env=env,
+                stdout=log,
+                stderr=log,
+                cwd=ROOT,
+            )
+        )
+        outs.append(out)
+    deadline = time.monotonic() + TIMEOUT
+    try:
+        while time.monotonic() < deadline:
+            if all(p.poll() is not None for p in procs):
+                break
+            time.sleep(0.2)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGKILL)
+                p.wait(timeout=30)
+    results = []
+    for i, out in enumerate(outs):
+        if not out.exists():
+            log = (tmp_path / f"log{i}.txt").read_text()[-4000:]
+            pytest.fail(f"worker {i} wrote no result:\n{log}")
+        results.append(json.loads(out.read_text()))
+    return results
+
+
+def _rel(a, b, w0):
+    change = max(
+        float(np.max(np.abs(np.subtract(q, p)))) for p, q in zip(w0, b)
+    )
+    gap = max(float(np.max(np.abs(np.subtract(p, q)))) for p, q in zip(a, b))
+    return gap / change
+
+
+@pytest.mark.slow
+def test_two_workers_shard_the_weights_and_equal_one_device(tmp_path):
+    w0, w1 = _run_workers(tmp_path)
+    assert w0["replicas"] == 2 and w0["sharded"]
+    assert w0["ids"] == [0] and w1["ids"] == [1]
+    assert w0["weights"] == w1["weights"]
+    for w in (w0, w1):
+        assert w["own_parts_fit"] and w["own_parts_set"], w
+        assert w["own_parts_load"] and w["set_ok"] and w["load_ok"], w
+        (device,) = w["bytes_sharded"]
+        assert w["bytes_sharded"][device] <= (
+            w["bytes_plain"][device] * (0.5 + 0.02)
+        ), w
+    vs_one = _rel(w0["weights"], w0["reference"], w0["w0"])
+    floor = _rel(w0["floor_weights"], w0["reference"], w0["w0"])
+    print(f"sharded vs one device {vs_one:.3g}, floor {floor:.3g}")
+    assert vs_one <= max(2 * floor, 1e-6), (vs_one, floor)
+    assert w0["evaluate"] <= 1e-5, w0
+    assert w0["alone_ok"] and w0["keras_ok"] and w0["keras_state"], w0
+    saved = saved_optimizer_state(tmp_path / "s.weights.h5")
+    again = saved_optimizer_state(tmp_path / "again.weights.h5")
+    ref = saved_optimizer_state(tmp_path / "ref.weights.h5")
+    assert saved.keys() == ref.keys() == again.keys()
+    for key in ref:
+        np.testing.assert_array_equal(saved[key], again[key])
+        np.testing.assert_allclose(saved[key], ref[key], atol=1e-4)
