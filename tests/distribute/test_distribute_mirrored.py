@@ -93,7 +93,8 @@ emit(out)
 """
 
 CASES = {
-    "float32": {},
+    # float32 with collectives: "collective_spe_1" (its 88 samples end in a
+    # short batch; a case of 32, all full batches, was a subset of it).
     "mixed_float16": {"policy": "mixed_float16"},
     "mixed_bfloat16": {"policy": "mixed_bfloat16"},
     "inf_on_replica_1": {
@@ -116,7 +117,6 @@ CASES = {
 # Worked out on these runs: float32 agrees to rounding; float16 and bfloat16
 # differ by the rounding of activations and of per-replica partial sums.
 TOLERANCE = {
-    "float32": 1e-6,
     "mixed_float16": 1e-4,
     "mixed_bfloat16": 2e-3,
     "inf_on_replica_1": 1e-4,
