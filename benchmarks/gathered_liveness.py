@@ -1,15 +1,18 @@
 """How long gathered weights live in the train step, `shard_parameters=True`.
 
 One child process on 2 logical CPUs (`MirroredStrategy`, R = 2) builds two
-models, each sharded without checkpointing and with every block
-checkpointed, and reads the graph Keras runs for one train step
-(`tfmemopt/estimate/_gathered_liveness.py`): one replica's ops, simulated
-in the graph's order (each tensor freed after its last reader) and in an
-as-soon-as-possible order. It reports the gathered bytes alive at the
-step's peak and at most, against the whole weights and the largest
-segment's. Logical CPUs share one allocator, so a replica's own peak
-cannot be read from it: these are graph figures (what the executor can
-free), not allocator measurements.
+models, each sharded without checkpointing, with every block checkpointed,
+and with every block checkpointed as before a segment's parts waited for
+its inputs (patched back, side by side), and reads the graph Keras runs for
+one train step (`tfmemopt/estimate/_gathered_liveness.py`): one replica's
+ops, simulated in the graph's order (each tensor freed after its last
+reader), with the gathers run ahead of the compute, and in the order
+TensorFlow's executor ran them in one step profiled in `fit`. It reports
+the gathered bytes alive at the step's peak and at most, against the
+whole weights and the largest segment's. Logical CPUs share one
+allocator, so a replica's own peak cannot be read from it: these are
+simulated from the graph (what the executor can free), not allocator
+measurements.
 
 - "Dense x4": 4 Dense(1024, relu) blocks and a Dense(10) head, batch 256
   per replica (each block keeps 1 MiB of activations; its kernel is 4 MiB).
@@ -98,9 +101,22 @@ def child() -> dict:
             rng.integers(0, 2000, size=(8 * REPLICAS, 64)),
         ),
     }
+    from tfmemopt.checkpointing import _recompute
+
+    held = _recompute._parts_after
+    variants = {
+        "none": None,
+        "every block": BLOCKS,
+        # As before the segments' parts waited for their inputs.
+        "every block, gathers not held back": BLOCKS,
+    }
     rows = []
     for name, (make, x, y) in data.items():
-        for checkpointing in (None, BLOCKS):
+        for variant, checkpointing in variants.items():
+            if variant.endswith("not held back"):
+                _recompute._parts_after = lambda values, parts, ready: values
+            else:
+                _recompute._parts_after = held
             with strategy.scope():
                 inp, out = make()
                 model = tfmemopt.Model(
@@ -115,7 +131,9 @@ def child() -> dict:
                         from_logits=True
                     ),
                 )
-            report = gathered_liveness(model, x, y)
+            report = gathered_liveness(
+                model, x, y, started=_profiled_step(model, x, y)
+            )
             blocks = [
                 whole_bytes(model.get_layer(b).trainable_weights)
                 for b in BLOCKS
@@ -131,7 +149,7 @@ def child() -> dict:
             rows.append(
                 {
                     "model": name,
-                    "checkpointing": checkpointing is not None,
+                    "checkpointing": variant,
                     "whole": whole_bytes(model.trainable_weights),
                     "largest_segment": max(blocks),
                     "outside": whole_bytes(outside),
@@ -144,7 +162,48 @@ def child() -> dict:
                     },
                 }
             )
+    _recompute._parts_after = held
     return {"rows": rows}
+
+
+def _profiled_step(model, x, y) -> dict:
+    """Op name -> start time (ps) in one train step run by `fit`, read from
+    a TensorFlow profile (the host tracer records each kernel it runs).
+
+    The step is run once first (tracing, grappler), on the batch shape
+    `gathered_liveness` traces, so the profiled function is the same
+    concrete function (same op names).
+    """
+    import glob
+    import tempfile
+
+    import tensorflow as tf
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(
+        len(x), drop_remainder=True
+    )
+    model.fit(data, epochs=2, verbose=0, shuffle=False)
+    logdir = tempfile.mkdtemp()
+    tf.profiler.experimental.start(logdir)
+    model.fit(data, epochs=1, verbose=0, shuffle=False)
+    tf.profiler.experimental.stop()
+    (path,) = glob.glob(f"{logdir}/**/*.xplane.pb", recursive=True)
+    space = xplane_pb2.XSpace()
+    with open(path, "rb") as f:
+        space.ParseFromString(f.read())
+    prefix = "StatefulPartitionedCall/"
+    started = {}
+    for plane in space.planes:
+        for line in plane.lines:
+            for event in line.events:
+                name = plane.event_metadata[event.metadata_id].name
+                if not name.startswith(prefix) or ":" not in name:
+                    continue
+                op = name[len(prefix) :].rsplit(":", 1)[0]
+                at = line.timestamp_ns * 1000 + event.offset_ps
+                started[op] = min(at, started.get(op, at))
+    return started
 
 
 def _mib(n: int) -> str:
@@ -169,22 +228,23 @@ def main():
     rows = json.loads(lines[-1][2:])["rows"]
     body = []
     for r in rows:
-        g, a = r["orders"]["graph"], r["orders"]["asap"]
-        body.append(
-            [
-                r["model"],
-                "every block" if r["checkpointing"] else "none",
-                _mib(r["whole"]),
-                _mib(r["largest_segment"]),
-                _mib(r["outside"]),
-                r["gathers"],
-                _mib(g["peak"]),
-                _mib(g["gathered_at_peak"]),
-                _mib(g["max_whole"]),
-                _mib(g["max_gathered"]),
-                f"{_mib(a['gathered_at_peak'])} / {_mib(a['max_whole'])}",
-            ]
-        )
+        for order in ("graph", "gathers_first", "executed"):
+            o = r["orders"][order]
+            body.append(
+                [
+                    r["model"],
+                    r["checkpointing"],
+                    order,
+                    _mib(r["whole"]),
+                    _mib(r["largest_segment"]),
+                    _mib(r["outside"]),
+                    r["gathers"],
+                    _mib(o["peak"]),
+                    _mib(o["gathered_at_peak"]),
+                    _mib(o["max_whole"]),
+                    _mib(o["max_gathered"]),
+                ]
+            )
     text = (
         "`shard_parameters=True`, R = 2 logical CPUs: gathered weights "
         "alive in one replica's train step, read from the graph Keras "
@@ -192,23 +252,27 @@ def main():
         "its last reader (`tfmemopt/estimate/_gathered_liveness.py`). "
         "MiB. *Whole alive* counts the whole weights the layers read; "
         "*gathered alive* adds the all-gather's own copies (its "
-        "unpadding copy and the join of the parts). *graph*: the order "
-        "the ops were traced in; *asap*: each op as soon as its inputs "
-        "allow. Graph figures, not allocator measurements (logical CPUs "
-        "share one allocator).\n\n"
+        "unpadding copy and the join of the parts). Orders: *graph*, the "
+        "order the ops were traced in; *gathers_first*, every op an "
+        "all-gather needs or makes run before any other ready op (gathers "
+        "ahead of the compute); *executed*, the order TensorFlow's "
+        "executor started the ops in one profiled step of `fit` (ops "
+        "fused by grappler placed with their first timed reader; one "
+        "run, it varies from run to run). Simulated liveness, not "
+        "allocator measurements (logical CPUs share one allocator).\n\n"
         + table(
             [
                 "model",
                 "checkpointing",
+                "order",
                 "whole weights",
                 "largest segment",
                 "outside segments",
                 "gathers / step",
-                "step peak (graph)",
-                "gathered alive at peak (graph)",
-                "whole alive, max (graph)",
-                "gathered alive, max (graph)",
-                "at peak / whole max (asap)",
+                "step peak",
+                "gathered alive at peak",
+                "whole alive, max",
+                "gathered alive, max",
             ],
             body,
         )

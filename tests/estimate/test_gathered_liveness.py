@@ -84,7 +84,10 @@ def test_gathered_weights_live_briefly_in_the_step_graph():
     # shape): at most one weight's second copy on top.
     bound = max(ckpt["blocks"]) + ckpt["head"]
     transient = max(ckpt["kernels"])
-    for order in ("graph", "asap"):
+    # "gathers_first": every gather (and what it needs) runs as soon as it
+    # can, ahead of the layers' compute, as TF's executor ran them in a
+    # profiled step: a segment's gathers must wait for its inputs.
+    for order in ("graph", "asap", "gathers_first"):
         live = ckpt["orders"][order]
         assert live["max_whole"] <= bound, (order, live, bound)
         assert live["max_gathered"] <= bound + transient, (order, live)

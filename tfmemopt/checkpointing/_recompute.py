@@ -19,7 +19,11 @@ running the segment *statelessly*:
   values (`training=True`, masks given as `None`) stay in a closure;
 - the recompute is made to wait for the incoming gradient through a data
   dependency (see `_after`), which grappler cannot remove, so the recomputed
-  activations are not merged back into the forward pass.
+  activations are not merged back into the forward pass;
+- a weight sharded across replicas (`shard_parameters=True`) enters as this
+  replica's part, made to wait the same way for the segment's inputs in the
+  forward pass and for the incoming gradient in the recompute, so its
+  all-gather runs when the segment does, not ahead of earlier segments.
 """
 
 from __future__ import annotations
@@ -107,6 +111,15 @@ def _after(tensors: Sequence[tf.Tensor], grads: Sequence) -> list:
     return out
 
 
+def _parts_after(values: list, parts: list, ready: Sequence) -> list:
+    """`values`, each replica's part (`parts[i]`) computable only once
+    `ready` exist (`_after`); whole values unchanged."""
+    if not any(parts) or not any(t is not None for t in ready):
+        return list(values)
+    waited = iter(_after([v for v, p in zip(values, parts) if p], ready))
+    return [next(waited) if p else v for v, p in zip(values, parts)]
+
+
 def checkpoint_call(
     fn: Callable[..., Any],
     args: tuple,
@@ -143,6 +156,12 @@ def checkpoint_call(
     read = [_read(v) for v in variables]
     values = [t for t, _ in read]
     parts = [p for _, p in read]
+    # A part's all-gather waits for nothing but the part: the executor ran
+    # the gathers of later segments before earlier ones had computed
+    # (three 4 MiB blocks' whole weights alive at once in a profiled step,
+    # benchmarks/gathered_liveness.py). Made to wait for the segment's
+    # inputs, each segment gathers when it runs.
+    values = _parts_after(values, parts, tensors)
     n_in = len(tensors)
     out_structure = []
     updates = []
@@ -168,7 +187,9 @@ def checkpoint_call(
         flat_out += [tf.convert_to_tensor(t) for t in losses]
 
         def grad(*dys, variables=None):
-            inputs = _after(list(xs[:n_in]), dys) + list(xs[n_in:])
+            inputs = _after(list(xs[:n_in]), dys)
+            # The recompute's gathers wait for the incoming gradient too.
+            inputs += _parts_after(list(xs[n_in:]), parts, dys)
             with tf.GradientTape(watch_accessed_variables=False) as tape:
                 for x in inputs:
                     if x.dtype.is_floating:

@@ -17,19 +17,24 @@ from them up to the whole weight the layer reads) and simulates the step
 with `_step_graph._simulate`: each tensor allocated when its op runs,
 freed after its last reader, reshapes sharing their input's buffer.
 
-Two orders are simulated. `graph`: the order the ops were created in, a
-topological order (forward, then backward, as traced). `asap`: every op
-as soon as its inputs and control inputs allow (sorted by depth), the
-order a greedy executor with unbounded parallelism would follow. TF's
-executor runs any ready op, so its order lies between these; the
-collectives themselves are chained by control edges in creation order (no
-gather overtakes an earlier gather or all-reduce of the same replica), but
-a forward gather waits for nothing else, so under `asap` all forward
-gathers can run at the start of the step.
+Several orders are simulated. `graph`: the order the ops were created in,
+a topological order (forward, then backward, as traced). `asap`: every op
+as soon as its inputs and control inputs allow (sorted by depth).
+`gathers_first`: every op an all-gather needs or makes runs before any
+other ready op, an executor that lets gathers run ahead of the compute.
+`executed` (given a profile's start times, `observed_order`): the order
+TF's executor ran one step in. The collectives of a replica are chained by
+control edges in creation order (no gather overtakes an earlier gather or
+all-reduce of the same replica), but a gather otherwise waits only for
+what its part depends on: in a profiled step TF ran the forward gathers of
+all four blocks before the first block's matmul, which is why a
+checkpointed segment's parts wait for its inputs
+(`checkpointing/_recompute.py`).
 """
 
 from __future__ import annotations
 
+import heapq
 from typing import NamedTuple
 
 import numpy as np
@@ -37,6 +42,7 @@ import tensorflow as tf
 
 from tfmemopt import _compat
 from tfmemopt.estimate._kept import _ALIAS
+from tfmemopt.estimate._kept import _FREE
 from tfmemopt.estimate._step_graph import _layer_of
 from tfmemopt.estimate._step_graph import _nbytes
 from tfmemopt.estimate._step_graph import _ops_that_run
@@ -64,7 +70,7 @@ _CARRY = {
 class Liveness(NamedTuple):
     """Bytes of one replica's step (`gathered_liveness`), in one order."""
 
-    order: str  # "graph" or "asap"
+    order: str  # "graph", "asap", "gathers_first" or "executed"
     peak: int  # the step's peak of live bytes (everything counted)
     gathered_at_peak: int  # gathered bytes alive at that peak
     max_gathered: int  # the most gathered bytes alive at any point
@@ -79,7 +85,7 @@ class GatheredReport(NamedTuple):
 
     gathers: int  # data all-gathers of one replica in the step
     gathers_by_layer: dict  # layer name -> number of data all-gathers
-    orders: dict  # "graph" / "asap" -> Liveness
+    orders: dict  # order -> Liveness ("executed" with `started`)
 
 
 class _Step(NamedTuple):
@@ -117,7 +123,9 @@ def step_graph_of(model, x, y):
     return step.get_concrete_function(spec).graph
 
 
-def gathered_liveness(model, x, y, replica: int = 0) -> GatheredReport:
+def gathered_liveness(
+    model, x, y, replica: int = 0, started: dict | None = None
+) -> GatheredReport:
     """Gathered bytes alive in the real train step of a sharded `model`.
 
     Args:
@@ -126,6 +134,10 @@ def gathered_liveness(model, x, y, replica: int = 0) -> GatheredReport:
             no gathers).
         x, y: NumPy arrays, one global batch.
         replica: Int, defaults to `0`: whose ops are simulated.
+        started: optional dict, op name -> start time, read from a profile
+            of this step run by `fit`: the step is then also simulated in
+            the order the executor ran it (`"executed"`,
+            `observed_order`).
 
     Returns:
         A `GatheredReport`.
@@ -135,13 +147,14 @@ def gathered_liveness(model, x, y, replica: int = 0) -> GatheredReport:
     ops = _replica_ops(graph, tf.DeviceSpec.from_string(devices[replica]))
     gathered, starts = _gathered_tensors(ops)
     aliases = _identity_n_aliases(ops)
+    aliases.update(_identity_slices(ops))
     aliases.update(_view_aliases(ops, gathered, starts))
     names = {layer.name for layer in _compat.sublayers(model)}
     step = _Step(
         ops=ops,
         gathered=gathered,
         wholes=_whole_weights(ops, gathered, aliases),
-        size_of=_size_function(gathered, starts),
+        size_of=_unowned_free(_size_function(gathered, starts), aliases),
         aliases=aliases,
         layer_of={t.name: _layer_of_gather(t, names) for t in starts},
     )
@@ -151,7 +164,14 @@ def gathered_liveness(model, x, y, replica: int = 0) -> GatheredReport:
     orders = {
         "graph": _liveness(step, "graph", ops),
         "asap": _liveness(step, "asap", _asap(ops)),
+        "gathers_first": _liveness(
+            step, "gathers_first", _gathers_first(ops, gathered)
+        ),
     }
+    if started:
+        orders["executed"] = _liveness(
+            step, "executed", observed_order(ops, started)
+        )
     return GatheredReport(len(starts), by_layer, orders)
 
 
@@ -263,6 +283,35 @@ def _view_aliases(ops, gathered, starts) -> dict:
     return out
 
 
+def _identity_slices(ops) -> dict:
+    """Slices of a whole tensor (output shape = input shape, so the start
+    is 0): TF's kernels hand the input on (`is_identity`), as
+    `checkpointing._recompute._after`'s slices are meant to."""
+    return {
+        op.outputs[0].name: op.inputs[0].name
+        for op in ops
+        if op.type == "Slice"
+        and op.inputs[0].shape.is_fully_defined()
+        and op.outputs[0].shape == op.inputs[0].shape
+    }
+
+
+def _unowned_free(size_of, aliases):
+    """`size_of`, with 0 for a tensor that shares the buffer of a
+    variable's read (`_FREE`: no buffer of the step's own), such as a
+    whole-tensor slice of a replica's part."""
+
+    def sized(t):
+        src = t
+        while src.name in aliases:
+            src = t.graph.get_tensor_by_name(aliases[src.name])
+        if src is not t and src.op.type in _FREE:
+            return 0
+        return size_of(t)
+
+    return sized
+
+
 def _identity_n_aliases(ops) -> dict:
     """Output i of an IdentityN shares input i's buffer (a custom
     gradient's outputs)."""
@@ -327,6 +376,86 @@ def _asap(ops) -> list:
             default=0,
         )
     return sorted(ops, key=lambda op: (depth[op.name], index[op.name]))
+
+
+def _gathers_first(ops, gathered) -> list:
+    """`ops` in a topological order that runs every ready op an all-gather
+    needs (its inputs, transitively) or makes (a gathered tensor) before
+    any other ready op: an executor that lets the gathers run ahead of the
+    layers' compute, as TF's did in a profiled step."""
+    index = {op.name: i for i, op in enumerate(ops)}
+    preds = {
+        op.name: {
+            p.name
+            for p in [t.op for t in op.inputs] + list(op.control_inputs)
+            if p.name in index
+        }
+        for op in ops
+    }
+    first = {
+        op.name
+        for op in ops
+        if _is_data_gather(op) or any(t.name in gathered for t in op.outputs)
+    }
+    stack = [name for name in first]
+    while stack:  # what the gathers need
+        for p in preds[stack.pop()]:
+            if p not in first:
+                first.add(p)
+                stack.append(p)
+    readers = {op.name: [] for op in ops}
+    for op in ops:
+        for p in preds[op.name]:
+            readers[p].append(op)
+    waiting = {name: len(p) for name, p in preds.items()}
+
+    def key(op):
+        return (0 if op.name in first else 1, index[op.name], op)
+
+    ready = [key(op) for op in ops if not waiting[op.name]]
+    heapq.heapify(ready)
+    out = []
+    while ready:
+        op = heapq.heappop(ready)[-1]
+        out.append(op)
+        for r in readers[op.name]:
+            waiting[r.name] -= 1
+            if not waiting[r.name]:
+                heapq.heappush(ready, key(r))
+    return out
+
+
+def observed_order(ops, started: dict) -> list:
+    """`ops` in the order a real run started them.
+
+    `started`: op name -> start time (from a profile of a step); grappler
+    fuses or folds some ops, which then have no time of their own: such an
+    op is placed with its first timed reader (it ran inside that kernel or
+    just before it), or, with none, as soon as its inputs ran. Every op
+    stays after its inputs and control inputs.
+    """
+    index = {op.name: i for i, op in enumerate(ops)}
+    readers = {op.name: [] for op in ops}
+    for op in ops:
+        for p in [t.op for t in op.inputs] + list(op.control_inputs):
+            if p.name in index:
+                readers[p.name].append(op.name)
+    down = {}
+    for op in reversed(ops):  # creation order is topological
+        if op.name in started:
+            down[op.name] = started[op.name]
+        else:
+            later = [down[r] for r in readers[op.name] if down[r] is not None]
+            down[op.name] = min(later) if later else None
+    at = {}
+    for op in ops:
+        preds = [t.op for t in op.inputs] + list(op.control_inputs)
+        up = max((at[p.name] for p in preds if p.name in at), default=None)
+        own = down[op.name] if down[op.name] is not None else up
+        if own is None:
+            own = min(started.values(), default=0)
+        at[op.name] = own if up is None else max(own, up)
+    return sorted(ops, key=lambda op: (at[op.name], index[op.name]))
 
 
 def _layer_name(op_name: str, names: set) -> str:
