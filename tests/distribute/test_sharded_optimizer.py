@@ -83,10 +83,13 @@ OPTS = {
         0.05, l2_shrinkage_regularization_strength=0.01),
 }
 out = {}
+# One epoch (6 steps): elementwise updates on partitions are the same
+# arithmetic at every step; measured at R=2 against 2 epochs, every
+# distance stayed within 2x (0.0 where it was 0.0) and every check held.
 for name in NAMES:
-    w0, a, ms = train(STRATEGY, OPTS[name], True)
-    _, b, mu = train(STRATEGY, OPTS[name], False)
-    _, c, _ = train(ONE, OPTS[name], False)
+    w0, a, ms = train(STRATEGY, OPTS[name], True, epochs=1)
+    _, b, mu = train(STRATEGY, OPTS[name], False, epochs=1)
+    _, c, _ = train(ONE, OPTS[name], False, epochs=1)
     out[name] = {
         "vs_unwrapped": rel(a, b, w0),
         "vs_one_device": rel(a, c, w0),
@@ -97,7 +100,7 @@ for name in NAMES:
                        int(mu.optimizer.iterations.numpy())],
     }
     if name in STAGE2:
-        _, d, m2 = train(STRATEGY, OPTS[name], 2)
+        _, d, m2 = train(STRATEGY, OPTS[name], 2, epochs=1)
         out[name]["stage2_vs_unwrapped"] = rel(d, b, w0)
         out[name]["bytes_stage2"] = state_bytes(m2.optimizer, STRATEGY)
 emit(out)
