@@ -96,3 +96,26 @@ def test_gathered_weights_live_briefly_in_the_step_graph():
     assert graph["gathered_at_peak"] > bound + transient
     assert graph["max_whole"] > bound
     assert ckpt["orders"]["graph"]["peak"] < graph["peak"]
+
+
+def test_observed_order_follows_the_profile_and_the_graph():
+    import tensorflow as tf
+
+    from tfmemopt.estimate._gathered_liveness import observed_order
+
+    @tf.function
+    def step(x):
+        a = tf.nn.relu(x, name="a")
+        b = tf.exp(x, name="b")
+        c = tf.add(a, b, name="c")
+        return tf.identity(c * 2.0, name="d")
+
+    graph = step.get_concrete_function(tf.TensorSpec([4])).graph
+    ops = graph.get_operations()
+    # b ran before a; c's time was not recorded (fused into d's kernel);
+    # d is recorded before a, which it reads: it cannot run before a.
+    started = {"b": 1, "a": 5, "d": 3}
+    names = [op.name for op in observed_order(ops, started)]
+    assert names.index("b") < names.index("a") < names.index("c")
+    assert names.index("c") < names.index("d")
+    assert sorted(names) == sorted(op.name for op in ops)
