@@ -14,7 +14,7 @@ with `shard_parameters=True`. It measures
   turns, so load on this shared machine hits them alike), as a ratio to
   Adam with whole weights (AdamW8bit: to AdamW8bit with whole weights).
 
-Run by hand: `python benchmarks/param_sharding.py` (writes the
+Run by hand: `python benchmarks/fsdp.py` (writes the
 `param_sharding` section of BENCHMARKS.md).
 """
 
@@ -186,7 +186,7 @@ def main():
             )
     params = results[2]["params"]
     body = (
-        "## Parameter sharding, FSDP (`benchmarks/param_sharding.py`)\n\n"
+        "## Parameter sharding, FSDP (`benchmarks/fsdp.py`)\n\n"
         f"An MLP {' -> '.join(str(w) for w in WIDTHS)} ({params} "
         "parameters, no size a multiple of 4) as a `tfmemopt.Model` under "
         "`MirroredStrategy` over R logical CPUs, global batch "
