@@ -54,11 +54,12 @@ class Stop(keras.callbacks.Callback):
 WRITE = """
 m = make()
 w0 = [w.numpy().tolist() for w in m.trainable_weights]
-ref = fit(m, 4)
-m = make()
 fit(m, 2)
 m.save(os.path.join(D, "m.keras"))
 m.save_weights(os.path.join(D, "m.weights.h5"))
+# The uninterrupted run: the same model trained on after it was saved
+# (same batches, the schedule reads the iterations), as a 4-epoch run.
+ref = fit(m, 2)
 m = make()
 try:
     fit(m, 4, [keras.callbacks.BackupAndRestore(os.path.join(D, "backup")),
