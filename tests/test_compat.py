@@ -209,6 +209,47 @@ def test_tensorflow_private_attributes_still_exist():
     # distribute/_multi_step sets it, as Keras's own multi-step loop does.
     empty = tf.experimental.Optional.empty(tf.TensorSpec([], tf.float32))
     assert hasattr(empty, "_element_spec")
+    # _compat.local_initial_values: MultiWorkerMirroredStrategy's extended
+    # overrides the method that broadcasts initial values.
+    import sys
+
+    module = sys.modules[tf.distribute.MultiWorkerMirroredStrategy.__module__]
+    name = "_get_variable_creator_initial_value"
+    assert name in vars(module.CollectiveAllReduceExtended)
+    assert hasattr(mirrored.extended, name)
+
+
+class _Extended:
+    """A multi-worker extended: its initial values are 'broadcast'."""
+
+    def _in_multi_worker_mode(self):
+        return True
+
+    def _get_variable_creator_initial_value(self, replica_id, **kwargs):
+        return ("broadcast", replica_id)
+
+
+def test_local_initial_values_skips_only_the_first_replicas_broadcast():
+    strategy = type("S", (), {"extended": _Extended()})()
+    ext = strategy.extended
+    kwargs = {"device": "CPU:0", "primary_var": None, "initial_value": 7}
+    with _compat.local_initial_values(strategy):
+        assert ext._get_variable_creator_initial_value(0, **kwargs) == 7
+        assert ext._get_variable_creator_initial_value(1, **kwargs) == (
+            "broadcast",
+            1,
+        )
+    assert ext._get_variable_creator_initial_value(0, **kwargs) == (
+        "broadcast",
+        0,
+    )
+    assert "_get_variable_creator_initial_value" not in vars(ext)
+    # One worker: nothing changes.
+    mirrored = tf.distribute.MirroredStrategy(["CPU:0"])
+    with _compat.local_initial_values(mirrored):
+        assert not vars(mirrored.extended).get(
+            "_get_variable_creator_initial_value"
+        )
 
 
 # The optimizer internals behind _compat's optimizer functions, each read by

@@ -18,6 +18,7 @@ installed Keras, so a release that renames one fails there, by name.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import keras
@@ -193,6 +194,49 @@ def extended_multi_worker_mode(strategy):
     (`extended._in_multi_worker_mode()`), or None where TF does not say."""
     probe = getattr(strategy.extended, "_in_multi_worker_mode", None)
     return None if probe is None else bool(probe())
+
+
+@contextlib.contextmanager
+def local_initial_values(strategy):
+    """Inside: the variables made under `strategy` take the initial value
+    each worker computes, not the chief's broadcast.
+
+    MultiWorkerMirroredStrategy sends every new variable's initial value
+    from the chief to the other workers (its extended's
+    `_get_variable_creator_initial_value`), and TensorFlow's broadcast
+    takes no 8-bit integers (only bool, float16/32/64, int32, int64). Here
+    the first replica of each worker takes its own initial value, as
+    MirroredStrategy does on one machine; the other replicas of a worker
+    still copy it. Only for values every worker computes alike (constants):
+    nothing makes them equal otherwise. A no-op for a strategy on one
+    worker.
+    """
+    extended = strategy.extended
+    if not extended_multi_worker_mode(strategy):
+        yield
+        return
+    name = "_get_variable_creator_initial_value"
+    own = extended.__dict__.get(name)
+    broadcast = getattr(extended, name)
+
+    def initial_value(replica_id, device, primary_var, **kwargs):
+        if replica_id == 0:
+            return kwargs["initial_value"]
+        return broadcast(
+            replica_id=replica_id,
+            device=device,
+            primary_var=primary_var,
+            **kwargs,
+        )
+
+    setattr(extended, name, initial_value)
+    try:
+        yield
+    finally:
+        if own is None:
+            delattr(extended, name)
+        else:
+            setattr(extended, name, own)
 
 
 # -- parameter sharding -------------------------------------------------------

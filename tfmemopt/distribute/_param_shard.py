@@ -292,7 +292,7 @@ def shard_model(model, optimizer) -> ShardSet | None:
     existing = getattr(model, "_shards", None)
     if existing is not None:
         _prepare_optimizer(inner, existing.originals, existing.shards)
-        _build_state(optimizer, inner, existing)
+        build_whole_state(optimizer, inner, existing)
         return existing
     originals = _unique(model.trainable_weights)
     align_of = getattr(inner, "shard_alignment", None)
@@ -328,30 +328,8 @@ def shard_model(model, optimizer) -> ShardSet | None:
             shards.append(shard)
     _prepare_optimizer(inner, originals, shards, excluded)
     shard_set = ShardSet(strategy, originals, shards)
-    _build_state(optimizer, inner, shard_set)
+    build_whole_state(optimizer, inner, shard_set)
     return shard_set
-
-
-def _build_state(optimizer, inner, shard_set) -> None:
-    """`build_whole_state`, with what to do when a multi-worker strategy
-    cannot make the optimizer's variables."""
-    try:
-        build_whole_state(optimizer, inner, shard_set)
-    except tf.errors.InvalidArgumentError as e:
-        if "CollectiveBcast" not in str(e):
-            raise
-        raise ValueError(
-            "shard_parameters=True could not build the state of "
-            f"{type(inner).__name__} under "
-            f"{type(shard_set.strategy).__name__} across workers: every "
-            "variable made under that strategy gets its initial value "
-            "broadcast from the chief, and TensorFlow's broadcast takes no "
-            "8-bit integers (tfmemopt's 8-bit optimizers keep uint8 codes; "
-            "the same happens without shard_parameters). Across workers use "
-            "an optimizer whose state is float (Adam, AdamW, SGD, Lion, "
-            "RMSprop), or AdamW8bit under MirroredStrategy on one machine's "
-            "devices."
-        ) from e
 
 
 def _path_scope(path: str):

@@ -8,6 +8,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tfmemopt import _compat
 from tfmemopt.distribute._shard_layout import StateCut
 from tfmemopt.optimizers import _common
 from tfmemopt.optimizers import _quantization as q
@@ -195,14 +196,7 @@ class Adam8bit(_common.StateOptimizer):
             if eight:
                 slots.append(
                     (
-                        self.add_variable(
-                            (size,),
-                            initializer=keras.initializers.Constant(
-                                q.zero_code(slot == "m")
-                            ),
-                            dtype="uint8",
-                            name=f"{prefix}_{slot}_codes",
-                        ),
+                        self._add_codes(size, slot, prefix),
                         self.add_variable(
                             (q.num_blocks(size, self.block_size),),
                             dtype="float32",
@@ -220,6 +214,22 @@ class Adam8bit(_common.StateOptimizer):
                 )
         self._state.is_8bit.append(eight)
         self._state.slots.append(slots)
+
+    def _add_codes(self, size, slot, prefix):
+        """The uint8 codes of `slot`, all the map's zero. Across workers
+        (MultiWorkerMirroredStrategy) each worker makes them itself: the
+        strategy would broadcast the chief's initial value, and TensorFlow's
+        broadcast takes no uint8. They are a constant, alike everywhere."""
+        strategy = tf.distribute.get_strategy()
+        with _compat.local_initial_values(strategy):
+            return self.add_variable(
+                (size,),
+                initializer=keras.initializers.Constant(
+                    q.zero_code(slot == "m")
+                ),
+                dtype="uint8",
+                name=f"{prefix}_{slot}_codes",
+            )
 
     def variable_state_bytes(self, shape, dtype="float32") -> int:
         """Bytes of moments this optimizer keeps for a variable of `shape`
