@@ -177,8 +177,9 @@ def write_table(rows, models):
             )
             continue
         err = (r["estimate"] - m) / m
-        errors.append(abs(err))
-        per_model.setdefault(r["model"], []).append(abs(err))
+        if not r.get("error"):  # else the step measured is not estimated
+            errors.append(abs(err))
+            per_model.setdefault(r["model"], []).append(abs(err))
         spread = (max(r["peaks"]) - min(r["peaks"])) / m
         f32 = base.get((r["model"], r["batch"]))
         ratio = f"{m / f32:.2f}" if f32 and r["variant"] != "base" else ""
