@@ -15,7 +15,13 @@ trains it on one device. Checked, in one pair of processes:
 - `evaluate` and `predict` equal a plain model with those whole weights;
 - `save_weights` from the chief (worker 1 writes to a temporary directory,
   Keras's multi-worker convention) holds the whole weights and optimizer
-  state, loads with no strategy, and loads back into the sharded model.
+  state, loads with no strategy, and loads back into the sharded model;
+- tfmemopt's AdamW8bit across the workers (the strategy broadcasts each new
+  variable's initial value and the broadcast takes no uint8: each worker
+  makes the codes): exact gradients give one device's codes, and `fit`
+  unsharded, with `shard_parameters=True` and inside `ShardedOptimizer` is
+  as close to one device as code flips allow; its saved file loads with no
+  strategy.
 """
 
 import json
@@ -389,6 +395,8 @@ def _check_8bit(tmp_path, w0, w1, floor):
         assert mean <= floor and gap <= 0.02, (name, gap, mean, floor)
         assert over <= 0.01, (name, over)
     assert e0["alone"] == e0["plain"]
+    # ShardedOptimizer's update is the unsharded one's, bit for bit.
+    assert e0["zero"] == e0["plain"]
     saved = saved_optimizer_state(tmp_path / "e8.weights.h5")
     one = saved_optimizer_state(tmp_path / "e8_ref.weights.h5")
     assert saved.keys() == one.keys()
