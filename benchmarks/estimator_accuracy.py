@@ -15,6 +15,10 @@ Run: `.venv/bin/python benchmarks/estimator_accuracy.py [--quick]
 [--partial] [MODEL ...]` (named models are measured again, the others' rows
 are kept), `--reestimate` (new estimates for the stored measurements, after
 a change to the estimator; trains nothing) or `--table` (the table again).
+`--design`, `--heldout` or `--heldout2` measure one set's models; with
+`--again`, one more run of them, each case's `measured` the median over the
+runs (the held-out sets are the median of 3 runs: run once, then twice with
+`--again`).
 
 The estimate is for `tfmemopt.Model`'s train step (`trainer="tfmemopt"`),
 which is what is measured.
