@@ -366,6 +366,9 @@ cases = {
     "ema_overwrite_frequency": lambda: (
         make_model(True),
         keras.optimizers.Adam(use_ema=True, ema_overwrite_frequency=2)),
+    "sharded_optimizer": lambda: (
+        make_model(True),
+        tfmemopt.ShardedOptimizer(keras.optimizers.AdamW(), stage=2)),
     "unbuilt": lambda: (
         tfmemopt.Model.wrap(keras.Sequential([keras.layers.Dense(2)]),
                             shard_parameters=True),
@@ -453,6 +456,7 @@ def test_shard_parameters_two_then_four_replicas(tmp_path):
         ("tfmemopt_adafactor", "tfmemopt.ShardedOptimizer"),
         ("micro_batch_size", "Use accumulation_steps=N instead"),
         ("ema_overwrite_frequency", "keras.callbacks.SwapEMAWeights"),
+        ("sharded_optimizer", "pass the inner optimizer"),
         ("unbuilt", "Build it first"),
     ):
         assert refused[case] and hint in refused[case], (case, refused)

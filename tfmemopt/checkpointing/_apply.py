@@ -167,7 +167,7 @@ def enable_checkpointing(model: keras.Model, policy="auto") -> CheckpointReport:
         segments = None if layers else policies.auto_segments(model)
         if segments is not None:
             _enable_segments(model, segments, report, state)
-        elif not layers:
+        if not layers and not state.model_call:
             policy = "blocks"
     if not state.model_call:
         if layers is None or not layers:
@@ -282,12 +282,34 @@ def _restore_graph(snapshot) -> None:
         t._keras_history = history
 
 
+class _Disconnected(Exception):
+    """Segment `k`'s outputs do not follow from its inputs alone."""
+
+    def __init__(self, k):
+        super().__init__(k)
+        self.k = k
+
+
 def _enable_segments(model, segments, report, state):
-    snapshot = _graph_state(model)
-    try:
-        _build_stages(model, segments, report, state)
-    finally:
-        _restore_graph(snapshot)
+    """Builds the segments; where one's outputs also need a tensor from
+    before its boundary that `chain_cuts` could not see (keras-hub's T5:
+    the decoder's cross-attention reads the encoder's output), that
+    boundary goes and the two segments become one. Merged down to one
+    segment (no saving), nothing is set and "auto" falls back to
+    "blocks"."""
+    segments = list(segments)
+    kept = (list(report.segments), list(report.skipped))
+    while len(segments) > 1:
+        snapshot = _graph_state(model)
+        try:
+            _build_stages(model, segments, report, state)
+            return
+        except _Disconnected as e:
+            report.segments[:], report.skipped[:] = kept[0], kept[1]
+            k = max(e.k, 1)
+            segments[k - 1 : k + 1] = [(segments[k - 1][0], segments[k][1])]
+        finally:
+            _restore_graph(snapshot)
 
 
 def _build_stages(model, segments, report, state):
@@ -314,7 +336,12 @@ def _build_stages(model, segments, report, state):
                 inputs = [boundary, *extra] if needed else boundary
             last = k == len(segments) - 1
             outputs = model.output if last else ops[stop - 1].output
-            sub = keras.Model(inputs, outputs, name=f"{model.name}_seg{k}")
+            try:
+                sub = keras.Model(inputs, outputs, name=f"{model.name}_seg{k}")
+            except ValueError as e:
+                if "is not connected" not in str(e):
+                    raise
+                raise _Disconnected(k) from e
         if reasons:
             _skip(report, "+".join(names), reasons[0])
             sub = sub if isinstance(sub, list) else [sub]

@@ -421,8 +421,18 @@ _REFUSED = {
 
 
 def check_optimizer(inner) -> None:
-    """Raises for an optimizer whose update needs the whole parameter."""
+    """Raises for an optimizer whose update needs the whole parameter, and
+    for a `ShardedOptimizer` (whose own partitions of the already sharded
+    state trained silently wrong: 6.7 of the update from one device)."""
     name = type(inner).__name__
+    if name == "ShardedOptimizer":
+        raise ValueError(
+            "shard_parameters=True builds your own optimizer on the shards, "
+            "so its state is already 1/R per replica; it does not take a "
+            "tfmemopt.ShardedOptimizer. Fix: pass the inner optimizer "
+            "(e.g. optimizer=keras.optimizers.AdamW(...) or "
+            "tfmemopt.optimizers.AdamW8bit(...))."
+        )
     if name in _REFUSED:
         raise ValueError(
             f"shard_parameters=True cannot use {name}: its update uses "
