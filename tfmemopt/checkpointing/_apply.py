@@ -299,15 +299,19 @@ def _enable_segments(model, segments, report, state):
     "blocks"."""
     segments = list(segments)
     kept = (list(report.segments), list(report.skipped))
-    while len(segments) > 1:
+    merged = False
+    while len(segments) > 1 or not merged:
         snapshot = _graph_state(model)
         try:
             _build_stages(model, segments, report, state)
             return
         except _Disconnected as e:
             report.segments[:], report.skipped[:] = kept[0], kept[1]
+            if len(segments) < 2:
+                raise e.__cause__ from None
             k = max(e.k, 1)
             segments[k - 1 : k + 1] = [(segments[k - 1][0], segments[k][1])]
+            merged = True
         finally:
             _restore_graph(snapshot)
 
