@@ -13,9 +13,12 @@ from __future__ import annotations
 import gc
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
 import textwrap
+import time
 
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -79,6 +82,78 @@ def run_in_subprocess(
             f"--- stderr ---\n{proc.stderr[-8000:]}"
         )
     return json.loads(results[-1])
+
+
+def _free_ports(n):
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def launch_workers(script, tmp, tag, args=(), n=2):
+    """Starts `n` processes of `script` as the workers of one
+    MultiWorkerMirroredStrategy cluster on free local ports. Worker `i`
+    gets `tmp/{tag}{i}.json` (its result file) and `args`; its output goes
+    to `tmp/{tag}{i}.log`. Returns `(processes, result paths)`."""
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in _free_ports(n)]}
+    procs, outs = [], []
+    for i in range(n):
+        env = dict(os.environ)
+        env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+        env["TF_CONFIG"] = json.dumps(
+            {"cluster": cluster, "task": {"type": "worker", "index": i}}
+        )
+        env.pop("TPU_NAME", None)
+        out = tmp / f"{tag}{i}.json"
+        log = open(tmp / f"{tag}{i}.log", "w")
+        cmd = [sys.executable, str(script), str(out), *map(str, args)]
+        procs.append(
+            subprocess.Popen(cmd, env=env, stdout=log, stderr=log, cwd=ROOT)
+        )
+        outs.append(out)
+    return procs, outs
+
+
+def wait_workers(procs, tmp, tag, timeout, until_any_dies=False):
+    """Waits for the workers (or the first to exit); always leaves none
+    running. Fails the test with their logs after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            codes = [p.poll() for p in procs]
+            if all(c is not None for c in codes):
+                return codes
+            if until_any_dies and any(c is not None for c in codes):
+                return codes
+            time.sleep(0.5)
+        logs = [
+            (tmp / f"{tag}{i}.log").read_text()[-3000:]
+            for i in range(len(procs))
+        ]
+        pytest.fail(
+            f"workers did not finish in {timeout}s:\n" + "\n".join(logs)
+        )
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGKILL)
+                p.wait(timeout=30)
+
+
+def read_workers(outs, tmp, tag):
+    """The workers' JSON results; fails with a worker's log if it wrote
+    none."""
+    results = []
+    for i, out in enumerate(outs):
+        if not out.exists():
+            log = (tmp / f"{tag}{i}.log").read_text()[-4000:]
+            pytest.fail(f"worker {i} wrote no result:\n{log}")
+        results.append(json.loads(out.read_text()))
+    return results
 
 
 def saved_optimizer_state(path) -> dict:

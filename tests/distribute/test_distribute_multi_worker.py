@@ -21,18 +21,14 @@ and a cluster start). Every process is bounded in time and killed by the
 test.
 """
 
-import json
-import os
 import signal
-import socket
-import subprocess
-import sys
-import time
 
 import numpy as np
 import pytest
-from conftest import ROOT
+from conftest import launch_workers
+from conftest import read_workers
 from conftest import saved_optimizer_state as _optimizer_state
+from conftest import wait_workers
 
 WORKER = r"""
 import json, os, signal, sys
@@ -186,68 +182,6 @@ if mode == "first":
 TIMEOUT = 360  # seconds for each launch of the two workers
 
 
-def _free_ports(n):
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
-def _launch(script, tmp, tag, backup, mode):
-    cluster = {"worker": [f"127.0.0.1:{p}" for p in _free_ports(2)]}
-    procs, outs = [], []
-    for i in range(2):
-        env = dict(os.environ)
-        env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-        env["TF_CONFIG"] = json.dumps(
-            {"cluster": cluster, "task": {"type": "worker", "index": i}}
-        )
-        env.pop("TPU_NAME", None)
-        out = tmp / f"{tag}{i}.json"
-        log = open(tmp / f"{tag}{i}.log", "w")
-        cmd = [sys.executable, str(script), str(out), backup, mode]
-        procs.append(
-            subprocess.Popen(cmd, env=env, stdout=log, stderr=log, cwd=ROOT)
-        )
-        outs.append(out)
-    return procs, outs
-
-
-def _wait(procs, tmp, tag, until_any_dies=False):
-    """Waits for the workers; always leaves none running."""
-    deadline = time.monotonic() + TIMEOUT
-    try:
-        while time.monotonic() < deadline:
-            codes = [p.poll() for p in procs]
-            if all(c is not None for c in codes):
-                return codes
-            if until_any_dies and any(c is not None for c in codes):
-                return codes
-            time.sleep(0.5)
-        logs = [(tmp / f"{tag}{i}.log").read_text()[-3000:] for i in (0, 1)]
-        pytest.fail(
-            f"workers did not finish in {TIMEOUT}s:\n" + "\n".join(logs)
-        )
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGKILL)
-                p.wait(timeout=30)
-
-
-def _read(outs, tmp, tag):
-    results = []
-    for i, out in enumerate(outs):
-        if not out.exists():
-            log = (tmp / f"{tag}{i}.log").read_text()[-4000:]
-            pytest.fail(f"worker {i} wrote no result:\n{log}")
-        results.append(json.loads(out.read_text()))
-    return results
-
-
 def _max_diff(a, b):
     return max(float(np.max(np.abs(np.subtract(p, q)))) for p, q in zip(a, b))
 
@@ -259,13 +193,13 @@ def runs(tmp_path_factory):
     script.write_text(WORKER)
     backup = str(tmp / "backup")
     # The uninterrupted run, then (same processes) the one worker 1 kills.
-    procs, outs = _launch(script, tmp, "plain", backup, "first")
-    _wait(procs, tmp, "plain", until_any_dies=True)
+    procs, outs = launch_workers(script, tmp, "plain", (backup, "first"))
+    wait_workers(procs, tmp, "plain", TIMEOUT, until_any_dies=True)
     killed = [p.returncode for p in procs]
-    plain = _read(outs, tmp, "plain")
-    procs, outs = _launch(script, tmp, "restart", backup, "restart")
-    restart_codes = _wait(procs, tmp, "restart")
-    restarted = _read(outs, tmp, "restart")
+    plain = read_workers(outs, tmp, "plain")
+    procs, outs = launch_workers(script, tmp, "restart", (backup, "restart"))
+    restart_codes = wait_workers(procs, tmp, "restart", TIMEOUT)
+    restarted = read_workers(outs, tmp, "restart")
     return {
         "tmp": tmp,
         "plain": plain,

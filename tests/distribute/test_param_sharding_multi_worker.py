@@ -24,21 +24,15 @@ trains it on one device. Checked, in one pair of processes:
   strategy.
 """
 
-import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-
 import numpy as np
 import pytest
-from conftest import ROOT
+from conftest import launch_workers
+from conftest import read_workers
 from conftest import saved_optimizer_state
+from conftest import wait_workers
 
 WORKER = r"""
-import gc, json, os, sys, tempfile, weakref
+import json, os, sys, tempfile
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np
@@ -75,33 +69,7 @@ def build(shard, optimizer=None):
     return m
 
 
-class Made:
-    # Every variable created inside (weak references): the bytes of the
-    # local components still alive, by device.
-    def __init__(self):
-        self.refs = []
-
-    def __enter__(self):
-        def creator(next_creator, **kwargs):
-            v = next_creator(**kwargs)
-            self.refs.append(weakref.ref(v))
-            return v
-        self.scope = tf.variable_creator_scope(creator)
-        self.scope.__enter__()
-        return self
-
-    def __exit__(self, *args):
-        self.scope.__exit__(*args)
-
-    def live_bytes(self):
-        gc.collect()
-        out = {}
-        for ref in self.refs:
-            v = ref()
-            for c in getattr(v, "values", [v]) if v is not None else []:
-                d = c.device[c.device.find("device:"):]
-                out[d] = out.get(d, 0) + int(np.prod(c.shape)) * c.dtype.size
-        return out
+from tests.distribute._live_variables import Made
 
 
 strategy = tfmemopt.distribute.auto_strategy()
@@ -268,58 +236,12 @@ with open(out_path, "w") as f:
 TIMEOUT = 240
 
 
-def _free_ports(n):
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
 def _run_workers(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    cluster = {"worker": [f"127.0.0.1:{p}" for p in _free_ports(2)]}
-    procs, outs = [], []
-    for i in range(2):
-        env = dict(os.environ)
-        env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-        env["TF_CONFIG"] = json.dumps(
-            {"cluster": cluster, "task": {"type": "worker", "index": i}}
-        )
-        env.pop("TPU_NAME", None)
-        out = tmp_path / f"out{i}.json"
-        log = open(tmp_path / f"log{i}.txt", "w")
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, str(script), str(out)],
-                env=env,
-                stdout=log,
-                stderr=log,
-                cwd=ROOT,
-            )
-        )
-        outs.append(out)
-    deadline = time.monotonic() + TIMEOUT
-    try:
-        while time.monotonic() < deadline:
-            if all(p.poll() is not None for p in procs):
-                break
-            time.sleep(0.2)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGKILL)
-                p.wait(timeout=30)
-    results = []
-    for i, out in enumerate(outs):
-        if not out.exists():
-            log = (tmp_path / f"log{i}.txt").read_text()[-4000:]
-            pytest.fail(f"worker {i} wrote no result:\n{log}")
-        results.append(json.loads(out.read_text()))
-    return results
+    procs, outs = launch_workers(script, tmp_path, "w")
+    wait_workers(procs, tmp_path, "w", TIMEOUT)
+    return read_workers(outs, tmp_path, "w")
 
 
 def _gaps(a, b, w0):
