@@ -152,12 +152,8 @@ def _key_range(mask, is_causal, q0, rows, s_len, cols, k_blocks):
     if mask.shape[3] == 1:  # broadcast over keys: nothing to locate
         return everything
     block = _block_mask(mask, is_causal, q0, rows, 0, s_len)
-    seen = tf.where(tf.reduce_any(block, axis=[0, 1, 2]))[:, 0]
-    exact = tf.logical_and(
-        tf.reduce_all(tf.reduce_any(block, axis=-1)), tf.size(seen) > 0
-    )
-    first = tf.cast(tf.reduce_min(seen), tf.int32)
-    last = tf.cast(tf.reduce_max(seen), tf.int32)
+    first, last, seen = _span(tf.reduce_any(block, axis=[0, 1, 2]))
+    exact = tf.logical_and(tf.reduce_all(tf.reduce_any(block, axis=-1)), seen)
     return (
         tf.where(exact, first // cols, 0),
         tf.where(exact, last // cols + 1, k_blocks),
@@ -165,14 +161,19 @@ def _key_range(mask, is_causal, q0, rows, s_len, cols, k_blocks):
 
 
 def _query_range(j, lo, hi):
-    """Query blocks `[first, last]` whose key range `[lo_i, hi_i)` holds key
+    """Query blocks `[first, stop)` whose key range `[lo_i, hi_i)` holds key
     block `j` (at least one block, so the loops never run empty)."""
-    seen = tf.where(tf.logical_and(lo <= j, j < hi))[:, 0]
-    first = tf.cast(tf.reduce_min(seen), tf.int32)
-    last = tf.cast(tf.reduce_max(seen), tf.int32)
-    any_seen = tf.size(seen) > 0
-    first = tf.where(any_seen, first, 0)
-    return first, tf.where(any_seen, last + 1, 1)
+    first, last, seen = _span(tf.logical_and(lo <= j, j < hi))
+    return tf.where(seen, first, 0), tf.where(seen, last + 1, 1)
+
+
+def _span(flags):
+    """`(first, last, any)`: the first and last index where the 1-D bool
+    `flags` is true (int32; meaningless when `any` is false)."""
+    where = tf.where(flags)[:, 0]
+    first = tf.cast(tf.reduce_min(where), tf.int32)
+    last = tf.cast(tf.reduce_max(where), tf.int32)
+    return first, last, tf.size(where) > 0
 
 
 def _scores(q_blk, k_blk, block_mask, scale):
