@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
-
 import keras
 import numpy as np
 import tensorflow as tf
@@ -12,31 +10,16 @@ from tfmemopt import _compat
 from tfmemopt.distribute._shard_layout import StateCut
 from tfmemopt.optimizers import _common
 from tfmemopt.optimizers import _quantization as q
+from tfmemopt.optimizers._adam8bit_state import State
+from tfmemopt.optimizers._adam8bit_state import from_store
+from tfmemopt.optimizers._adam8bit_state import is_8bit
+from tfmemopt.optimizers._adam8bit_state import read_slot
+from tfmemopt.optimizers._adam8bit_state import size_of
+from tfmemopt.optimizers._adam8bit_state import to_store
+from tfmemopt.optimizers._adam8bit_state import write_slot
 from tfmemopt.optimizers._update_8bit import adam_moments
 from tfmemopt.optimizers._update_8bit import compiled_pieces
 from tfmemopt.optimizers._update_8bit import compiled_whole
-
-_LAYOUT_KEY = "tfmemopt_layout"
-
-
-class _State:
-    """Per model variable: whether its moments are 8-bit, and their
-    variables (codes and absmax per slot, or one float32 tensor per slot).
-    A plain object, so neither Keras nor TensorFlow wraps its lists."""
-
-    def __init__(self):
-        self.is_8bit = []
-        self.slots = []
-
-
-def _size(shape) -> int:
-    return int(np.prod(tuple(shape), dtype=np.int64))
-
-
-def _is_8bit(size: int, min_8bit_size: int) -> bool:
-    """The rule: a variable of `size` elements gets 8-bit codes when it has
-    at least `min_8bit_size` (and at least one) elements."""
-    return size >= max(min_8bit_size, 1)
 
 
 @keras.saving.register_keras_serializable(package="tfmemopt")
@@ -165,7 +148,7 @@ class Adam8bit(_common.StateOptimizer):
             "min_8bit_size", min_8bit_size
         )
         self.lazy_sparse = bool(lazy_sparse)
-        self._state = _State()
+        self._state = State()
         self._chain = _common.UpdateChain()
 
     # -- state ---------------------------------------------------------------
@@ -179,7 +162,7 @@ class Adam8bit(_common.StateOptimizer):
         moments). The one place this is decided: the state it builds, its
         bytes, `ShardedOptimizer`'s cut and the estimator all ask here. The
         whole parameter's shape decides, also for a partition of it."""
-        return _is_8bit(_size(shape), self.min_8bit_size)
+        return is_8bit(size_of(shape), self.min_8bit_size)
 
     def _uses_8bit(self, variable) -> bool:
         return self.uses_8bit(_common.whole_shape(variable))
@@ -236,7 +219,7 @@ class Adam8bit(_common.StateOptimizer):
         (EMA copies aside): codes and scales, or float32 moments below
         `min_8bit_size`, and a Kahan buffer (`bf16_update="kahan"`, 16-bit
         `dtype`). Used by `tfmemopt.estimate_memory`."""
-        size = _size(shape)
+        size = size_of(shape)
         slots = len(self._slot_names)
         write = self.write_state_bytes(shape, dtype)
         if self.uses_8bit(shape):
@@ -287,31 +270,6 @@ class Adam8bit(_common.StateOptimizer):
         return out
 
     # -- update --------------------------------------------------------------
-
-    def _read(self, slot, eight, signed, shape):
-        if eight:
-            codes, absmax = slot
-            flat = q.dequantize(
-                tf.convert_to_tensor(_common.raw(codes)),
-                tf.convert_to_tensor(_common.raw(absmax)),
-                self.block_size,
-                signed,
-            )
-            return tf.reshape(flat, shape)
-        return tf.convert_to_tensor(_common.raw(slot))
-
-    def _write(self, slot, eight, signed, value, ok):
-        if eight:
-            codes, absmax = slot
-            new_codes, new_absmax = q.quantize(value, self.block_size, signed)
-            codes, absmax = _common.raw(codes), _common.raw(absmax)
-            return [
-                codes.assign(tf.where(ok, new_codes, codes), read_value=False),
-                absmax.assign(
-                    tf.where(ok, new_absmax, absmax), read_value=False
-                ),
-            ]
-        return [_common.assign_if(_common.raw(slot), value, ok)]
 
     def _lazy_gradient(self, gradient) -> bool:
         return self.lazy_sparse and isinstance(gradient, tf.IndexedSlices)
@@ -390,7 +348,7 @@ class Adam8bit(_common.StateOptimizer):
         f32 = tf.float32
         shape = tuple(variable.shape)
         state = [
-            self._read(slot, eight, name == "m", shape)
+            read_slot(slot, eight, name == "m", shape, self.block_size)
             for slot, name in zip(slots, self._slot_names)
         ]
         if lazy:
@@ -413,7 +371,9 @@ class Adam8bit(_common.StateOptimizer):
             variable, target, index, delta, ok, rows if lazy else None
         )
         for slot, name, value in zip(slots, self._slot_names, new):
-            writes += self._write(slot, eight, name == "m", value, ok)
+            writes += write_slot(
+                slot, eight, name == "m", value, ok, self.block_size
+            )
         return writes
 
     def _hyper(self) -> tuple:
@@ -430,16 +390,6 @@ class Adam8bit(_common.StateOptimizer):
 
     # -- saving --------------------------------------------------------------
 
-    def _layout(self) -> np.ndarray:
-        # A fourth entry (1) only with Kahan buffers, so that a state saved
-        # without them keeps its layout.
-        kahan = [1] if self._kahan_variables() else []
-        return np.array(
-            [self.block_size, self.min_8bit_size, len(self._slot_names)]
-            + kahan,
-            dtype=np.int64,
-        )
-
     def save_own_variables(self, store):
         self.state_to_store(store, [v.numpy() for v in self.variables])
 
@@ -453,83 +403,14 @@ class Adam8bit(_common.StateOptimizer):
         """Writes `values` (one whole array per variable of `variables`,
         as an unsharded build holds it) and the state's layout. Also used by
         `tfmemopt.ShardedOptimizer`, which gathers the values first."""
-        for i, value in enumerate(values):
-            store[str(i)] = value
-        store[_LAYOUT_KEY] = self._layout()
+        to_store(self, store, values)
 
     def state_from_store(self, store):
         """The saved state as whole arrays, one per variable of `variables`
         in an unsharded build's shapes, re-encoded when the block size or
         `min_8bit_size` differs; None (with a warning) when it does not fit.
         """
-        keys = set(store.keys())
-        saved = None
-        if _LAYOUT_KEY in keys:
-            saved = np.asarray(store[_LAYOUT_KEY]).astype(np.int64)
-            keys.discard(_LAYOUT_KEY)
-        same = saved is not None and np.array_equal(saved, self._layout())
-        if same and len(keys) == len(self.variables):
-            return [np.asarray(store[str(i)]) for i in range(len(keys))]
-        if saved is None or not self.built or saved[2] != len(self._slot_names):
-            warnings.warn(
-                f"Skipping variable loading for optimizer '{self.name}': "
-                f"the saved state ({len(keys)} variables, layout "
-                f"{None if saved is None else saved.tolist()}) does not fit "
-                f"this optimizer ({len(self.variables)} variables, layout "
-                f"{self._layout().tolist()}, built={self.built}).",
-                stacklevel=3,
-            )
-            return None
-        return self._relayout(
-            store, int(saved[0]), int(saved[1]), len(saved) > 3
-        )
-
-    def _relayout(self, store, block_size, min_8bit_size, saved_kahan):
-        """A state saved with another block size, min_8bit_size or Kahan
-        setting, as whole arrays: each moment decoded with the saved layout,
-        encoded with ours; Kahan buffers kept, dropped or started at zero."""
-        kahan = self._kahan_variables()
-        base = len(self.variables) - len(self._state_variables()) - len(kahan)
-        values = [np.asarray(store[str(i)]) for i in range(base)]
-        k = base
-        variables = self._trainable_variables
-        for var, eight, slots in zip(
-            variables, self._state.is_8bit, self._state.slots
-        ):
-            if slots is None:
-                continue
-            shape = _common.whole_shape(var)
-            size = int(np.prod(shape, dtype=np.int64))
-            saved_eight = _is_8bit(size, min_8bit_size)
-            for name in self._slot_names:
-                signed = name == "m"
-                if saved_eight:
-                    value = q.dequantize(
-                        tf.constant(np.asarray(store[str(k)])),
-                        tf.constant(np.asarray(store[str(k + 1)])),
-                        block_size,
-                        signed,
-                    )
-                    k += 2
-                else:
-                    value = tf.constant(np.asarray(store[str(k)]))
-                    k += 1
-                if eight:
-                    codes, absmax = q.quantize(value, self.block_size, signed)
-                    values += [codes.numpy(), absmax.numpy()]
-                else:
-                    value = tf.cast(tf.reshape(value, shape), tf.float32)
-                    values.append(value.numpy())
-        for var, buffer in zip(variables, self._low.kahan):
-            if buffer is None:
-                continue
-            if saved_kahan:
-                values.append(np.asarray(store[str(k)]))
-                k += 1
-            else:
-                shape = _common.whole_shape(var)
-                values.append(tf.zeros(shape, buffer.dtype).numpy())
-        return values
+        return from_store(self, store)
 
     def get_config(self):
         config = super().get_config()
