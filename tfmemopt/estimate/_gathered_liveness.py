@@ -43,10 +43,10 @@ import tensorflow as tf
 from tfmemopt import _compat
 from tfmemopt.estimate._kept import _ALIAS
 from tfmemopt.estimate._kept import _FREE
-from tfmemopt.estimate._step_graph import _layer_of
-from tfmemopt.estimate._step_graph import _nbytes
-from tfmemopt.estimate._step_graph import _ops_that_run
 from tfmemopt.estimate._step_graph import _simulate
+from tfmemopt.estimate._step_trace import _layer_of
+from tfmemopt.estimate._step_trace import _nbytes
+from tfmemopt.estimate._step_trace import _ops_that_run
 
 # Ops that pass gathered values on (views, copies, casts): what they make
 # from a gathered tensor is gathered too. Anything else (a matmul, a bias
