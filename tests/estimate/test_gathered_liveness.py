@@ -101,7 +101,7 @@ def test_gathered_weights_live_briefly_in_the_step_graph():
 def test_observed_order_follows_the_profile_and_the_graph():
     import tensorflow as tf
 
-    from tfmemopt.estimate._gathered_liveness import observed_order
+    from tfmemopt.estimate._op_orders import observed_order
 
     @tf.function
     def step(x):
