@@ -89,11 +89,14 @@ VOCAB = 1000
 
 
 def optimizer_of(variant):
-    """The optimizer a variant trains with: Adam, or SGD with momentum."""
+    """The optimizer a variant trains with: Adam, AdamW (`adamw`, the third
+    held-out set) or SGD with momentum."""
     import keras
 
     if variant == "sgd_momentum":
         return keras.optimizers.SGD(momentum=0.9)
+    if variant == "adamw":
+        return keras.optimizers.AdamW()
     return keras.optimizers.Adam()
 
 

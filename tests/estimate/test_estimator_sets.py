@@ -1,7 +1,8 @@
 """The sets of `benchmarks/estimator_accuracy.py` (issue #23): the second
 held-out set shares no model with the design set or the first held-out
-set, and a case whose setting could not be applied is left out of its
-set's figures. Pure Python: nothing is built or trained."""
+set, the third none with any of them, and a case whose setting could
+not be applied is left out of its set's figures. Pure Python: nothing is
+built or trained."""
 
 import os
 import sys
@@ -31,6 +32,26 @@ def test_second_heldout_set_is_new_and_large_enough():
         assert bench.set_of(name) == "heldout2"
     assert bench.set_of("mlp") == "design"
     assert bench.set_of("bigru") == "heldout"
+
+
+def test_third_heldout_set_is_new_and_covers_the_settings():
+    third = set(bench.HELDOUT3)
+    for earlier in (bench.MODELS, bench.HELDOUT, bench.HELDOUT2):
+        assert not third & set(earlier), third & set(earlier)
+    cases = [(n, *c) for n in third for c in bench.cases(n, quick=False)]
+    assert len(third) >= 7 and len(cases) >= 24, (len(third), len(cases))
+    optimizers = {
+        type(bench.optimizer_of(variant)).__name__ for _, variant, _ in cases
+    }
+    assert {"Adam", "AdamW", "SGD"} <= optimizers, optimizers
+    for setting in ("accumulation=4", "checkpointing=auto"):
+        families = {n for n, variant, _ in cases if variant == setting}
+        assert len(families) >= 2, (setting, families)
+    assert any(variant == "mixed_bfloat16" for _, variant, _ in cases)
+    for name in third:
+        batches = {batch for _, batch in bench.cases(name, quick=False)}
+        assert len(batches) >= 2, (name, batches)
+        assert bench.set_of(name) == "heldout3"
 
 
 def test_summary_leaves_out_a_case_that_did_not_apply():
