@@ -1,0 +1,87 @@
+"""The `Plan` made from the candidate `plan` chose, and its `why`: the
+settings it changes, what the long-sequence options take away, and the
+optimizer-state change that made room."""
+
+from __future__ import annotations
+
+from tfmemopt._utils import format_mib as _mib
+from tfmemopt.tuning import _state_options as state_options
+from tfmemopt.tuning._plan import Plan
+
+
+def _make_plan(best, global_batch_size, replicas, budget, considered=()):
+    steps, ckpt, policy = (
+        best["accumulation_steps"],
+        best["checkpointing"],
+        best["policy"],
+    )
+    parts = []
+    if steps > 1:
+        parts.append(
+            f"{steps} accumulation steps of {best['micro_batch_size']}"
+        )
+    if ckpt is not None:
+        parts.append(f"checkpointing {ckpt!r}")
+    if policy.startswith("mixed"):
+        parts.append(policy)
+    if best.get("chunked_loss") or best.get("attention"):
+        parts.insert(0, _long_sequence_text(best, considered))
+    why = (
+        "the whole batch fits as it is"
+        if not parts
+        else "the fastest combination that fits: " + ", ".join(parts)
+    )
+    kept = [c for c in considered if not _changes_state(c)]
+    if kept and _changes_state(best):
+        before = min(kept, key=lambda c: c["peak"])
+        change = state_options.state_change_text(before, best, replicas)
+        why = f"{change}; with it, {why}"
+    return Plan(
+        global_batch_size=global_batch_size,
+        micro_batch_size=best["micro_batch_size"],
+        accumulation_steps=steps,
+        replicas=replicas,
+        checkpointing=ckpt,
+        policy=policy,
+        estimated_peak=best["peak"],
+        relative_step_time=best["time"],
+        memory_budget=budget,
+        why=why,
+        optimizer=best.get("optimizer"),
+        sharding=best.get("sharding"),
+        base_optimizer=best.get("optimizer_name", ""),
+        shard_parameters=bool(best.get("shard_parameters")),
+        chunked_loss=bool(best.get("chunked_loss")),
+        attention=best.get("attention"),
+    )
+
+
+def _long_sequence_text(best, considered) -> str:
+    """What the long-sequence options take away, from the plain step's
+    terms (`MemoryEstimate.terms`)."""
+    plain = [c for c in considered if not c.get("chunked_loss")]
+    plain = [c for c in plain if not c.get("attention")] or considered
+    terms = min(plain, key=lambda c: c["peak"]).get("terms", {})
+    said = []
+    if best.get("chunked_loss"):
+        said.append(
+            "chunked_loss=True (the loss from the head's input in chunks: "
+            f"the {_mib(terms.get('logits', 0))} the head and the loss keep "
+            "for the logits are never formed)"
+        )
+    if best.get("attention"):
+        said.append(
+            "attention='chunked' (exact attention in query blocks: the "
+            f"{_mib(terms.get('attention_scores', 0))} the attention layers "
+            "keep are not)"
+        )
+    return (
+        " and ".join(said)
+        + ", the same update within float32 rounding, at some step time "
+        "(docs/long_sequences.md)"
+    )
+
+
+def _changes_state(c) -> bool:
+    """Whether a candidate changes the optimizer or shards the state."""
+    return bool(c["optimizer"] or c["sharding"] or c.get("shard_parameters"))
