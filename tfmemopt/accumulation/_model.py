@@ -11,21 +11,20 @@ several outputs and short batches.
 
 from __future__ import annotations
 
-import warnings
-
 import keras
 
 from tfmemopt._compat import functional_class
-from tfmemopt._compat import sublayers
 from tfmemopt._utils import check_int
 from tfmemopt.accumulation import _fit_hooks
+from tfmemopt.accumulation import _model_saving as saving
 from tfmemopt.accumulation import _window
 from tfmemopt.accumulation._micro_batching import plan_micro_batches
 from tfmemopt.accumulation._micro_batching import static_batch_size
+from tfmemopt.accumulation._model_compile import loss_scaled
+from tfmemopt.accumulation._model_compile import refuse_keras_accumulation
 from tfmemopt.distribute import _hooks as _dist
 from tfmemopt.longseq import _takeover as longseq
 
-_SEED_KEY = "seed_"
 _CONFIG_KEYS = (
     "accumulation_steps",
     "micro_batch_size",
@@ -53,13 +52,6 @@ def _functional_arguments(args, kwargs) -> bool:
     return bool(leaves) and all(
         isinstance(t, keras.KerasTensor) for t in leaves
     )
-
-
-def _inner_optimizer(optimizer):
-    """The optimizer under Keras's LossScaleOptimizer, if any."""
-    while isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-        optimizer = optimizer.inner_optimizer
-    return optimizer
 
 
 @keras.saving.register_keras_serializable(package="tfmemopt")
@@ -287,23 +279,11 @@ class Model(_dist.FitFixes, keras.Model):
         if kwargs.get("auto_scale_loss", True) is False:
             pass  # asked for no loss scaling: as Keras does, none is added
         elif args:
-            args = (_loss_scaled(self, args[0]), *args[1:])
+            args = (loss_scaled(self, args[0]), *args[1:])
         elif "optimizer" in kwargs:
-            kwargs["optimizer"] = _loss_scaled(self, kwargs["optimizer"])
+            kwargs["optimizer"] = loss_scaled(self, kwargs["optimizer"])
         super().compile(*args, **kwargs)
-        inner = _inner_optimizer(self.optimizer)
-        steps = getattr(inner, "gradient_accumulation_steps", None)
-        if steps:
-            raise ValueError(
-                "The optimizer has Keras's own gradient accumulation "
-                f"(gradient_accumulation_steps={steps}) and this "
-                "tfmemopt.Model accumulates too "
-                f"(accumulation_steps={self._accumulation_steps}, "
-                f"micro_batch_size={self._micro_batch_size}): the window "
-                "would be accumulated twice. Remove "
-                "`gradient_accumulation_steps` from the optimizer; "
-                "tfmemopt.Model already gives the full-batch update."
-            )
+        refuse_keras_accumulation(self)
         if self._shard_parameters:
             self._shards = _dist.shard_parameters(self, self.optimizer)
 
@@ -390,41 +370,15 @@ class Model(_dist.FitFixes, keras.Model):
         logs = _window.run_window(self, x, y, sample_weight, plan)
         return _dist.step_logs(logs)
 
-    # -- saving -------------------------------------------------------------
-    # Keras saves a layer's weights but not its `SeedGenerator` states (a
-    # Dropout's random stream), so a run resumed from a checkpoint drew other
-    # masks than the uninterrupted run (0.38-0.50 of an epoch's update on a
-    # small MLP). The model saves them beside its own variables, under
-    # `seed_<i>` keys, in `model.variables` order; files without them load
-    # as before (the streams restart from their seeds, as in Keras).
+    # -- saving (the SeedGenerator states too: _model_saving) -------------
     def save_own_variables(self, store):
         super().save_own_variables(store)
-        for i, state in enumerate(_random_states(self)):
-            store[f"{_SEED_KEY}{i}"] = state
+        saving.save_random_states(self, store)
 
     def load_own_variables(self, store):
-        keys = list(store.keys())
-        seeds = sorted(
-            (k for k in keys if k.startswith(_SEED_KEY)),
-            key=lambda k: int(k[len(_SEED_KEY) :]),
-        )
-        super().load_own_variables(
-            {k: store[k] for k in keys if not k.startswith(_SEED_KEY)}
-        )
-        if not seeds:
-            return
-        states = _random_states(self)
-        if len(seeds) != len(states):
-            warnings.warn(
-                f"Model {self.name!r}: the saved file holds {len(seeds)} "
-                f"random-generator states and the model has {len(states)}; "
-                "they are not restored (dropout masks after the resume "
-                "will differ from the uninterrupted run's).",
-                stacklevel=2,
-            )
-            return
-        for state, key in zip(states, seeds):
-            state.assign(store[key])
+        rest, seeds = saving.without_seeds(store)
+        super().load_own_variables(rest)
+        saving.load_random_states(self, store, seeds)
 
     def get_config(self):
         config = super().get_config()
@@ -434,7 +388,7 @@ class Model(_dist.FitFixes, keras.Model):
                 "attention": self._long_sequences[1],
                 "accumulation_steps": self._accumulation_steps,
                 "micro_batch_size": self._micro_batch_size,
-                "checkpointing": _serializable_policy(
+                "checkpointing": saving.serializable_policy(
                     self._checkpointing_policy
                 ),
                 "shard_parameters": self._shard_parameters,
@@ -493,50 +447,3 @@ def _functional_variant(cls):
             )(variant)
         _FUNCTIONAL_VARIANTS[cls] = variant
     return _FUNCTIONAL_VARIANTS[cls]
-
-
-def _random_states(model) -> list:
-    """The model's `SeedGenerator` states: `variables` that are no weight."""
-    weights = {id(w) for w in model.weights}
-    return [v for v in model.variables if id(v) not in weights]
-
-
-def _serializable_policy(policy):
-    """The checkpointing policy as a config value: a name, layer names."""
-    if policy is None or isinstance(policy, str):
-        return policy
-    if isinstance(policy, (list, tuple)):
-        # A list of layers is saved as their names (a loaded model's layers
-        # keep them); it used to be dropped, so a loaded model lost it.
-        return [p if isinstance(p, str) else p.name for p in policy]
-    warnings.warn(
-        f"tfmemopt.Model's checkpointing policy {policy!r} is a predicate: "
-        "code, which a config cannot hold. The saved model will load "
-        "without checkpointing. Pass 'auto', 'blocks' or a list of layer "
-        "names to have it saved, or call tfmemopt.enable_checkpointing("
-        "model, predicate) after loading.",
-        stacklevel=3,
-    )
-    return None
-
-
-def _loss_scaled(model, optimizer):
-    """`optimizer` in a `LossScaleOptimizer` when `model` computes in float16.
-
-    Keras wraps the optimizer only when the *model's* own policy is
-    `mixed_float16`. A model rebuilt by `load_model` under a float32 global
-    policy has float16 layers but a float32 policy of its own, so its saved
-    compile arguments (the bare optimizer) came back unwrapped, and the
-    optimizer state saved with the loss scale (two variables more) was
-    skipped whole: Adam's moments and step count reset on resume. Deciding
-    by the layers keeps a saved mixed_float16 model's optimizer as it was.
-    """
-    if optimizer is None or model.dtype_policy.name == "mixed_float16":
-        return optimizer
-    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-        return optimizer
-    if not any(
-        layer.dtype_policy.name == "mixed_float16" for layer in sublayers(model)
-    ):
-        return optimizer
-    return keras.optimizers.LossScaleOptimizer(keras.optimizers.get(optimizer))
