@@ -8,6 +8,7 @@ import numbers
 import keras
 import tensorflow as tf
 
+from tfmemopt.optimizers import _checks
 from tfmemopt.optimizers import _common
 
 
@@ -105,7 +106,7 @@ class Adafactor(_common.StateOptimizer):
         bf16_seed=0,
         **kwargs,
     ):
-        _common.refuse_keras_accumulation(
+        _checks.refuse_keras_accumulation(
             type(self).__name__, gradient_accumulation_steps
         )
         super().__init__(
@@ -125,7 +126,7 @@ class Adafactor(_common.StateOptimizer):
             **kwargs,
         )
         if beta_1 is not None:
-            beta_1 = _common.check_open_unit("beta_1", beta_1, True)
+            beta_1 = _checks.check_open_unit("beta_1", beta_1, True)
         self.beta_1 = beta_1
         if (
             isinstance(beta_2_decay, bool)
@@ -143,7 +144,7 @@ class Adafactor(_common.StateOptimizer):
                 f"`epsilon_1` must be a float > 0. Received: {epsilon_1!r}."
             )
         self.epsilon_1 = float(epsilon_1)
-        self.epsilon_2 = _common.check_nonnegative_float("epsilon_2", epsilon_2)
+        self.epsilon_2 = _checks.check_nonnegative_float("epsilon_2", epsilon_2)
         if clip_threshold is not None and (
             not isinstance(clip_threshold, numbers.Real)
             or not clip_threshold > 0

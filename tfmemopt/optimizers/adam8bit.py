@@ -8,6 +8,7 @@ import tensorflow as tf
 
 from tfmemopt import _compat
 from tfmemopt.distribute._shard_layout import StateCut
+from tfmemopt.optimizers import _checks
 from tfmemopt.optimizers import _common
 from tfmemopt.optimizers import _quantization as q
 from tfmemopt.optimizers._adam8bit_state import State
@@ -122,7 +123,7 @@ class Adam8bit(_common.StateOptimizer):
         **kwargs,
     ):
         name_ = type(self).__name__
-        _common.refuse_keras_accumulation(name_, gradient_accumulation_steps)
+        _checks.refuse_keras_accumulation(name_, gradient_accumulation_steps)
         super().__init__(
             learning_rate=learning_rate,
             name=name,
@@ -139,12 +140,12 @@ class Adam8bit(_common.StateOptimizer):
             bf16_seed=bf16_seed,
             **kwargs,
         )
-        self.beta_1 = _common.check_open_unit("beta_1", beta_1, True)
-        self.beta_2 = _common.check_open_unit("beta_2", beta_2)
-        self.epsilon = _common.check_nonnegative_float("epsilon", epsilon)
+        self.beta_1 = _checks.check_open_unit("beta_1", beta_1, True)
+        self.beta_2 = _checks.check_open_unit("beta_2", beta_2)
+        self.epsilon = _checks.check_nonnegative_float("epsilon", epsilon)
         self.amsgrad = bool(amsgrad)
-        self.block_size = _common.check_positive_int("block_size", block_size)
-        self.min_8bit_size = _common.check_nonnegative_int(
+        self.block_size = _checks.check_positive_int("block_size", block_size)
+        self.min_8bit_size = _checks.check_nonnegative_int(
             "min_8bit_size", min_8bit_size
         )
         self.lazy_sparse = bool(lazy_sparse)
