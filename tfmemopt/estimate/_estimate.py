@@ -288,11 +288,15 @@ def _step_temporaries(trainable, step, s: Settings, grads, activations):
     # each weight with temporaries of the weight's size; the activations
     # are freed by then.
     shards = s.replicas if isinstance(s.optimizer, ShardedOptimizer) else 1
+    # A sparse gradient is updated as the whole batch's rows (under
+    # accumulation, every micro-batch's concatenated).
+    n_micro = s.per_replica // s.micro
     update = update_temporaries(
         [(math.prod(v.shape), _weight_bytes(v, s)) for v in trainable],
         s.optimizer,
         lambda n: counted(n, s),
         shards,
+        {i: n * n_micro for i, n in step.sparse_values.items()},
     )
     after = step.gradients + update.peak - grads - activations
     temporaries = max(temporaries, after)

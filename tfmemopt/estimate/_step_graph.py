@@ -103,6 +103,8 @@ class StepGraph:
     # Trainable-variable index -> bytes of its sparse gradient's rows
     # (values and indices) when the gradient is a `tf.IndexedSlices`.
     sparse_rows: dict = dataclasses.field(default_factory=dict)
+    # The same, bytes of the rows' values alone.
+    sparse_values: dict = dataclasses.field(default_factory=dict)
     # Bytes of each input (and target) tensor, every one counted.
     input_sizes: list = dataclasses.field(default_factory=list)
     # The simulated step's allocations in order (`_simulate`'s `events`).
@@ -198,6 +200,7 @@ def trace_step(
         segments=segments,
         unknown=unknown,
         sparse_rows=_sparse_rows(concrete),
+        sparse_values=_sparse_rows(concrete, values_only=True),
         input_sizes=input_sizes,
         events=events,
         updating_peak=updating_peak,

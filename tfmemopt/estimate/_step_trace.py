@@ -203,10 +203,12 @@ def _size_function(
     return size_of, aliases
 
 
-def _sparse_rows(concrete) -> dict:
-    """Variable index -> bytes of its sparse gradient's values and indices."""
+def _sparse_rows(concrete, values_only=False) -> dict:
+    """Variable index -> bytes of its sparse gradient's values and indices
+    (`values_only`: its values)."""
     return {
-        i: (_nbytes(g.values) or 0) + (_nbytes(g.indices) or 0)
+        i: (_nbytes(g.values) or 0)
+        + (0 if values_only else _nbytes(g.indices) or 0)
         for i, g in enumerate(concrete.structured_outputs)
         if isinstance(g, tf.IndexedSlices)
     }
