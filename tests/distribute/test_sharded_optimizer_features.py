@@ -17,9 +17,13 @@ from .test_sharded_optimizer import COMMON
 FEATURES = """
 sched = lambda: keras.optimizers.schedules.ExponentialDecay(
     1e-2, decay_steps=2, decay_rate=0.7)
+# A schedule with weight decay, on micro-batches (tfmemopt.Model's
+# accumulation: one update per step): one case for the two features, the
+# same checks as when each was a case of its own.
 CASES = {
-    "schedule_weight_decay": dict(make_opt=lambda: keras.optimizers.AdamW(
-        sched(), weight_decay=0.1)),
+    "schedule_weight_decay_accumulation": dict(
+        make_opt=lambda: keras.optimizers.AdamW(sched(), weight_decay=0.1),
+        accumulation=2),
     "ema_overwrite": dict(make_opt=lambda: keras.optimizers.Adam(
         1e-2, use_ema=True, ema_momentum=0.9, ema_overwrite_frequency=3)),
     "ema_finalize": dict(make_opt=lambda: keras.optimizers.SGD(
@@ -28,12 +32,8 @@ CASES = {
         1e-2, global_clipnorm=0.05)),
     "clipnorm": dict(make_opt=lambda: keras.optimizers.SGD(
         0.05, clipnorm=0.02)),
-    "accumulation": dict(make_opt=lambda: keras.optimizers.AdamW(1e-2),
-                         accumulation=2),
     "accumulation_spe_3": dict(make_opt=lambda: keras.optimizers.AdamW(1e-2),
                                accumulation=2, spe=3),
-    "mixed_float16": dict(make_opt=lambda: keras.optimizers.Adam(1e-2),
-                          policy="mixed_float16", accumulation=2),
 }
 # Compared with one device only (the unwrapped run under the strategy is
 # covered by the neighbouring cases).
@@ -56,18 +56,22 @@ for name, kw in CASES.items():
         continue
     out[name].update(vs_unwrapped=rel(a, b, w0), keras_gap=rel(b, c, w0))
 
-for name in ("global_clipnorm", "accumulation", "ema_overwrite"):
+for name in ("global_clipnorm", "schedule_weight_decay_accumulation",
+             "ema_overwrite"):
     w0, a, _ = train(STRATEGY, sharded=2, **CASES[name])
     _, c, _ = ONE_DEVICE[name]
     out["stage2_" + name] = {"vs_one_device": rel(a, c, w0)}
 
-# An overflow on replica 1 only (sample 20 of batch 0 goes to replica 1 of
-# 2): the step is skipped on every replica and the scale halves, as on one
-# device (tfmemopt.Model shares the finite check; ShardedOptimizer also
-# checks the summed gradient itself).
+# mixed_float16 with accumulation, 2 epochs, and an overflow on replica 1
+# only (sample 8 of batch 0 goes to replica 1 of 2): the step is skipped on
+# every replica and the scale halves (once per epoch), as on one device
+# (tfmemopt.Model shares the finite check; ShardedOptimizer also checks the
+# summed gradient itself); the other 10 steps train as one device does.
+# (This run also stands for a mixed_float16 case without an overflow,
+# which checked the same bound on the same configuration.)
 xi = X.copy()
 xi[16 // R, 0] = 7e4
-kw = dict(make_opt=lambda: keras.optimizers.Adam(1e-2), epochs=1,
+kw = dict(make_opt=lambda: keras.optimizers.Adam(1e-2), epochs=2,
           policy="mixed_float16", accumulation=2, x=xi)
 w0, a, ms = train(STRATEGY, sharded=True, **kw)
 _, c, mc = train(ONE, sharded=False, **kw)
@@ -147,27 +151,29 @@ def test_features_two_replicas():
     assert out["ema_overwrite"]["vs_one_device"] <= 1e-5, out["ema_overwrite"]
     for name in ("ema_finalize", "accumulation_spe_3"):
         assert out[name]["vs_one_device"] <= 1e-5, (name, out[name])
-    for name in ("schedule_weight_decay", "accumulation"):
-        r = out[name]
-        assert r["vs_unwrapped"] <= 1e-5, (name, r)
-        assert r["vs_one_device"] <= max(2 * r["keras_gap"], 1e-6), (name, r)
+    r = out["schedule_weight_decay_accumulation"]
+    assert r["vs_unwrapped"] <= 1e-5, r
+    assert r["vs_one_device"] <= max(2 * r["keras_gap"], 1e-6), r
     # Clipping: the sharded update clips the summed gradient, as one device
     # does; plain Keras clips each replica's part (a visible difference).
     for name in ("global_clipnorm", "clipnorm"):
         r = out[name]
         assert r["vs_one_device"] <= 1e-5, (name, r)
         assert r["keras_gap"] > 100 * max(r["vs_one_device"], 1e-7), (name, r)
-    r = out["mixed_float16"]
-    assert r["vs_one_device"] <= max(2 * r["keras_gap"], 1e-3), r
     r = out["inf_on_one_replica"]
     assert r["finite"], r
-    assert r["scale"][0] == r["scale"][1] == 2.0**14, r
-    assert r["iterations"][0] == r["iterations"][1], r
+    # 2**15 halved once per epoch (batch 0 overflows in both).
+    assert r["scale"][0] == r["scale"][1] == 2.0**13, r
+    assert r["iterations"][0] == r["iterations"][1] == 10, r
     assert r["vs_one_device"] <= max(2 * r["keras_gap"], 1e-3), r
     for stage in (1, 2):
         r = out[f"inf_keras_model_stage{stage}"]
         assert r["finite"] and r["iterations"] == 0, (stage, r)
-    for name in ("global_clipnorm", "accumulation", "ema_overwrite"):
+    for name in (
+        "global_clipnorm",
+        "schedule_weight_decay_accumulation",
+        "ema_overwrite",
+    ):
         r = out["stage2_" + name]
         assert r["vs_one_device"] <= 1e-5, (name, r)
     # Sparse rows: densified, so equal to Adam on the dense gradient on one
