@@ -24,7 +24,7 @@ from tfmemopt.accumulation._micro_batching import slice_batch
 from tfmemopt.accumulation._window_accumulators import WindowAccumulators
 from tfmemopt.distribute import _hooks as _dist
 from tfmemopt.distribute._gather_order import gathers_after
-from tfmemopt.longseq._takeover import training_forward
+from tfmemopt.longseq._head import training_forward
 
 
 def _call(model, x):

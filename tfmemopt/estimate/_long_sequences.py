@@ -27,7 +27,7 @@ from tfmemopt._compat import sublayers
 from tfmemopt.accumulation import Model
 from tfmemopt.longseq import disable_long_sequences
 from tfmemopt.longseq import enable_long_sequences
-from tfmemopt.longseq._takeover import _head_candidates
+from tfmemopt.longseq._head import _head_candidates
 from tfmemopt.longseq._takeover import check_options
 from tfmemopt.longseq._takeover import report_of
 

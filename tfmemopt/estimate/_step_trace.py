@@ -17,8 +17,8 @@ from tfmemopt.estimate._input_specs import _as_call_arg
 from tfmemopt.estimate._input_specs import _loss_and_target_specs
 from tfmemopt.estimate._input_specs import input_specs
 from tfmemopt.estimate._while_loops import while_loop_sizes
-from tfmemopt.longseq._takeover import head_of
-from tfmemopt.longseq._takeover import training_forward
+from tfmemopt.longseq._head import head_of
+from tfmemopt.longseq._head import training_forward
 
 _SUFFIX = re.compile(r"_\d+$")
 

@@ -7,7 +7,8 @@ the head's input and weights. The training loss (`head_of`, read by
 tfmemopt's window-exact losses) then computes the per-token cross-entropy
 from those with `linear_cross_entropy`, so the full logits the layer also
 returned have no consumer in the training graph and are never computed.
-`predict`, `evaluate` and every call outside training are untouched.
+`predict`, `evaluate` and every call outside training are untouched
+(the head: `_head.py`).
 
 Attention layers (`keras.layers.MultiHeadAttention` and its subclasses,
 such as keras-hub's `CachedMultiHeadAttention`) get an instance-level
@@ -17,9 +18,7 @@ blocks (online softmax).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import threading
 
 import keras
 import tensorflow as tf
@@ -27,12 +26,12 @@ import tensorflow as tf
 from tfmemopt._compat import sublayers
 from tfmemopt.longseq._attention import DEFAULT_BLOCK_ELEMENTS
 from tfmemopt.longseq._attention import dot_product_attention
+from tfmemopt.longseq._head import _STATE
+from tfmemopt.longseq._head import _head_candidates
+from tfmemopt.longseq._head import _patch_head
+from tfmemopt.longseq._head import _path
 from tfmemopt.longseq._linear_cross_entropy import DEFAULT_CHUNK_ELEMENTS
-from tfmemopt.longseq._linear_cross_entropy import linear_cross_entropy
 
-_STATE = "_tfmemopt_long_sequences"
-_TAG = "_tfmemopt_head_call"
-_local = threading.local()
 ATTENTION_CHOICES = (None, "chunked")
 
 
@@ -87,201 +86,6 @@ class _State:
     def __init__(self, report):
         self.report = report
         self.patched = []
-
-
-def _path(layer) -> str:
-    return getattr(layer, "path", None) or layer.name
-
-
-def _is_reversible_embedding(layer) -> bool:
-    return isinstance(layer, keras.layers.ReversibleEmbedding)
-
-
-def _why_not_head(layer) -> str | None:
-    """Why this candidate's logits cannot be chunked exactly, or None."""
-    if getattr(layer, "quantization_mode", None):
-        return (
-            f"it is quantized ({layer.quantization_mode}); chunk the loss "
-            "of the float model, or train without chunked_loss"
-        )
-    if getattr(layer, "lora_enabled", False):
-        return (
-            "it has LoRA enabled; train without chunked_loss, or without "
-            "LoRA on the head"
-        )
-    if _is_reversible_embedding(layer):
-        if layer.logit_soft_cap is not None:
-            return (
-                f"it soft-caps its logits (logit_soft_cap="
-                f"{layer.logit_soft_cap}), which the chunked loss does not "
-                "compute; train without chunked_loss"
-            )
-        return None
-    activation = getattr(layer.activation, "__name__", str(layer.activation))
-    if activation != "linear":
-        return (
-            f"its activation is {activation!r}, not linear; build the head "
-            "with activation=None and a loss with from_logits=True"
-        )
-    return None
-
-
-def _head_candidates(model) -> list:
-    return [
-        layer
-        for layer in sublayers(model)
-        if isinstance(layer, keras.layers.Dense)
-        or _is_reversible_embedding(layer)
-    ]
-
-
-class _HeadCall:
-    """A head's call inside a training forward pass: input and layer."""
-
-    def __init__(self, state, layer, inputs):
-        self.state, self.layer, self.inputs = state, layer, inputs
-
-    def check_loss(self, loss_fn) -> dict:
-        """The loss's config; raises unless the chunked loss is exact."""
-        layer = self.layer
-        reason = _why_not_head(layer)
-        if reason:
-            raise ValueError(
-                f"chunked_loss=True cannot compute the loss of the head "
-                f"{_path(layer)!r} exactly: {reason}."
-            )
-        config = (
-            loss_fn.get_config()
-            if isinstance(loss_fn, keras.losses.SparseCategoricalCrossentropy)
-            else {}
-        )
-        if not config.get("from_logits") or config.get("axis", -1) != -1:
-            raise ValueError(
-                "chunked_loss=True computes "
-                "keras.losses.SparseCategoricalCrossentropy(from_logits=True) "
-                f"only. Received: loss={loss_fn!r} with config {config}. "
-                "Compile with loss=keras.losses.SparseCategoricalCrossentropy"
-                "(from_logits=True) (the head must output logits), or "
-                "construct the model without chunked_loss."
-            )
-        return config
-
-    def token_losses(self, loss_fn, y_true):
-        """Keras's per-token `loss_fn.call(y_true, logits)`, chunked."""
-        layer, report = self.layer, self.state.report
-        config = self.check_loss(loss_fn)
-        report.head = _path(layer)
-        hidden = self.inputs
-        labels = tf.convert_to_tensor(y_true)
-        if labels.shape.rank == hidden.shape.rank and labels.shape[-1] == 1:
-            labels = tf.squeeze(labels, -1)
-        labels = tf.cast(labels, tf.int32)
-        ignore = config.get("ignore_class")
-        valid = None
-        if ignore is not None:
-            valid = tf.not_equal(labels, ignore)
-            labels = tf.where(valid, labels, 0)
-        kernel, bias, transpose, dtype = self._weights()
-        values = linear_cross_entropy(
-            hidden,
-            kernel,
-            labels,
-            bias,
-            transpose_kernel=transpose,
-            chunk_elements=report.chunk_elements,
-            compute_dtype=dtype,
-        )
-        if valid is not None:
-            values = tf.where(valid, values, 0.0)
-            values._keras_mask = valid
-        return values
-
-    def _weights(self):
-        layer = self.layer
-        if _is_reversible_embedding(layer):
-            dtype = layer.reverse_dtype or layer.compute_dtype
-            if layer.tie_weights:
-                kernel = tf.convert_to_tensor(layer.embeddings)
-                return kernel, None, True, dtype
-            kernel = tf.convert_to_tensor(layer.reverse_embeddings)
-            return kernel, None, False, dtype
-        bias = tf.convert_to_tensor(layer.bias) if layer.use_bias else None
-        kernel = tf.convert_to_tensor(layer.kernel)
-        return kernel, bias, False, layer.compute_dtype
-
-
-def head_of(y_pred):
-    """The `_HeadCall` that produced `y_pred` in a training pass, or None."""
-    if isinstance(y_pred, (list, tuple, dict)):
-        return None
-    return getattr(y_pred, _TAG, None)
-
-
-class _Forward:
-    def __init__(self, state):
-        self.state = state
-
-    def checked(self, y_pred):
-        """`y_pred`, after checking the loss can be chunked on it."""
-        if self.state is None or not self.state.report.chunked_loss:
-            return y_pred
-        leaves = tf.nest.flatten(y_pred)
-        if any(head_of(t) is not None for t in leaves):
-            return y_pred
-        names = ", ".join(self.state.report.head_candidates) or "none"
-        # A quantized or LoRA head computes its output on its own path: say
-        # so rather than "computed after the head".
-        for layer, method in self.state.patched:
-            reason = method == "call" and _why_not_head(layer)
-            if reason and "activation" not in reason:
-                raise ValueError(
-                    f"chunked_loss=True cannot compute the loss of the head "
-                    f"{_path(layer)!r} exactly: {reason}."
-                )
-        raise ValueError(
-            "chunked_loss=True needs the model's output to be the logits of "
-            "a linear head (a Dense with no activation, or a "
-            "ReversibleEmbedding called with reverse=True), but the output "
-            "was computed after the head (an activation, a cast, a "
-            "soft-cap, a checkpointed segment) or by another layer. "
-            f"Candidate heads: {names}. Make the head the last layer, or "
-            "construct the model without chunked_loss."
-        )
-
-
-@contextlib.contextmanager
-def training_forward(owner):
-    """Within it, the heads of `owner` mark their outputs (training only)."""
-    state = getattr(owner, _STATE, None)
-    if state is None or not state.report.chunked_loss:
-        yield _Forward(None)
-        return
-    previous = getattr(_local, "active", None)
-    _local.active = state
-    try:
-        yield _Forward(state)
-    finally:
-        _local.active = previous
-
-
-def _patch_head(state, layer):
-    original = layer.call
-
-    def call(*args, **kwargs):
-        out = original(*args, **kwargs)
-        if getattr(_local, "active", None) is not state:
-            return out
-        if _is_reversible_embedding(layer):
-            reverse = kwargs.get("reverse", args[1] if len(args) > 1 else False)
-            if not reverse:
-                return out
-        inputs = args[0] if args else kwargs.get("inputs")
-        if isinstance(out, tf.Tensor) and isinstance(inputs, tf.Tensor):
-            setattr(out, _TAG, _HeadCall(state, layer, inputs))
-        return out
-
-    object.__setattr__(layer, "call", call)
-    state.patched.append((layer, "call"))
 
 
 def _check_attention(layer):
