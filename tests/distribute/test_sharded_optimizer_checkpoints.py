@@ -45,6 +45,15 @@ def fit(m, epochs, callbacks=()):
           callbacks=list(callbacks))
     return [w.numpy().tolist() for w in m.trainable_weights]
 
+class Epochs(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.ran = 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.ran += 1
+
+
 class Stop(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if epoch == 1:
@@ -72,7 +81,13 @@ emit({"w0": w0, "ref": ref})
 READ = """
 # Read back at R=4, then on one device (the default strategy) in the same
 # process: make(), fit() and the file names read the globals R, STRATEGY.
-results = {}
+results, epochs_run = {}, {}
+# A finished fit deletes its backup: each reader restores its own copy of
+# the R=2 backup (else the one-device run would find none, train 4 epochs
+# from scratch and restore nothing).
+import shutil
+for n in (R, 1):
+    shutil.copytree(os.path.join(D, "backup"), os.path.join(D, f"backup_{n}"))
 for R, STRATEGY in ((R, STRATEGY), (1, tf.distribute.get_strategy())):
     out = results[R] = {}
     with STRATEGY.scope():
@@ -89,13 +104,15 @@ for R, STRATEGY in ((R, STRATEGY), (1, tf.distribute.get_strategy())):
     load_weights(m)
     out["weights"] = fit(m, 2)
     m = make()
-    out["backup"] = fit(
-        m, 4, [keras.callbacks.BackupAndRestore(os.path.join(D, "backup"))])
+    epochs = Epochs()
+    out["backup"] = fit(m, 4, [keras.callbacks.BackupAndRestore(
+        os.path.join(D, f"backup_{R}")), epochs])
+    epochs_run[R] = epochs.ran
     if R == 1:
         m = make(sharded=False)
         load_weights(m)
         out["unwrapped_adamw"] = fit(m, 2)
-emit(results)
+emit({"read": results, "epochs_run": epochs_run})
 """
 
 
@@ -116,7 +133,9 @@ def test_checkpoint_written_with_two_replicas_reads_anywhere(tmp_path):
 
     # One process with 4 logical CPUs reads at R=4 and on one device.
     read = run_in_subprocess(COMMON + READ, n_cpus=4, env=env, timeout=600)
-    results = {int(n): out for n, out in read.items()}
+    # BackupAndRestore resumed at epoch 3 of 4 at both replica counts.
+    assert read["epochs_run"] == {"4": 2, "1": 2}, read["epochs_run"]
+    results = {int(n): out for n, out in read["read"].items()}
     assert set(results) == {4, 1}, sorted(results)
     for n_cpus in (4, 1):
         resaved = _optimizer_state(tmp_path / f"resaved_{n_cpus}.weights.h5")
