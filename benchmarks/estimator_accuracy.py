@@ -488,8 +488,8 @@ ABLATIONS = ("none", "chunks", "grappler", "lists")
 
 def ablate(rule):
     """Child process: turn `rule` off in this process's estimator."""
-    from tfmemopt.estimate import _estimate
     from tfmemopt.estimate import _step_trace
+    from tfmemopt.estimate import _temporaries
     from tfmemopt.estimate import _update
 
     if rule == "none":
@@ -497,7 +497,7 @@ def ablate(rule):
     if rule == "chunks":  # no whole allocator chunks: requested bytes
         _update.chunk_overhead = lambda *args: 0
     elif rule == "grappler":  # no rewrite of large gradient sums
-        _estimate.rewritten_sum_zeros = lambda step, *args: 0
+        _temporaries.rewritten_sum_zeros = lambda step, *args: 0
     elif rule == "lists":  # a TensorList counts whole if it is >= the floor
         sizes = _step_trace.while_loop_sizes
 

@@ -1,0 +1,97 @@
+"""The model whose step the estimate traces, and the trace.
+
+Under another dtype policy the model is rebuilt under it, or has its
+layers' policies set to it for the trace, or, failing both, its float32
+activations are rescaled; `tfmemopt.Model.wrap(inner)` is traced as
+`inner`; the long-sequence options are on for the trace; the optimizer's
+update consumes each gradient as the step makes it (`consumers`).
+"""
+
+from __future__ import annotations
+
+import keras
+
+from tfmemopt._compat import sublayers
+from tfmemopt.accumulation import Model
+from tfmemopt.estimate import _long_sequences as long_sequences
+from tfmemopt.estimate._model_state import weight_bytes
+from tfmemopt.estimate._optimizer_state import _itemsize
+from tfmemopt.estimate._settings import Settings
+from tfmemopt.estimate._settings import counted
+from tfmemopt.estimate._step_graph import trace_step
+from tfmemopt.estimate._update import consumers
+from tfmemopt.precision._policy_clone import rebuilt_under
+
+
+def trace_model(model, s: Settings, input_shape=None, sequence_length=None):
+    """`(traced model, its step graph, whether activations are rescaled)`.
+
+    Another policy: trace the model rebuilt under it (Keras keeps some
+    activations float32); a model that cannot be rebuilt (layers without a
+    config, subclassed models) is traced with its layers' policies set to
+    it for the trace and put back, when the policy keeps the variables'
+    dtype (float32 -> mixed_*); else its float32 activations are scaled. A
+    `tfmemopt.Model.wrap(inner)` is traced as `inner` (the same weights and
+    graph; the policy rebuild and checkpointing segments need its layers).
+    """
+    outer = traced = model
+    inner = getattr(model, "inner", None)
+    if isinstance(model, Model) and isinstance(inner, keras.Model):
+        traced = model = inner
+    swapped = []
+    if s.policy.name != model.dtype_policy.name:
+        traced = rebuilt_under(model, s.policy.name) or model
+        if traced is model and (
+            s.policy.variable_dtype == model.dtype_policy.variable_dtype
+        ):
+            swapped = _swap_policies(model, s.policy)
+
+    def trace(rescale):
+        with long_sequences.options_for_trace(
+            outer, traced, s.chunked_loss, s.attention
+        ) as owner:
+            return _trace_with(rescale, owner)
+
+    def _trace_with(rescale, owner):
+        return trace_step(
+            traced,
+            s.micro,
+            owner=owner,
+            activation_itemsize=s.compute if rescale else None,
+            input_shape=input_shape,
+            sequence_length=sequence_length,
+            min_counted_bytes=s.floor,
+            update=consumers(
+                s.optimizer,
+                s.accumulation_steps > 1,
+                s.replicas,
+                lambda v: counted(weight_bytes(v, s), s),
+                sharded=s.shard_parameters,
+            ),
+        )
+
+    if swapped:
+        try:
+            step = trace(False)
+            s.policy_in_place = True
+            return traced, step, False
+        except Exception:  # noqa: BLE001 - a layer not written for 16 bits
+            pass  # (e.g. adds a float32 constant): the scaling rule
+        finally:
+            for layer, policy in swapped:
+                layer.dtype_policy = policy
+    rescale = s.compute != _itemsize(model.compute_dtype) and traced is model
+    return traced, trace(rescale), rescale
+
+
+def _swap_policies(model, policy):
+    """Sets `policy` on every layer of `model` under the model's own policy
+    (a layer with a policy of its own keeps it); returns `[(layer, old)]`."""
+    old = model.dtype_policy.name
+    swapped = []
+    for layer in sublayers(model, include_self=True):
+        current = layer.dtype_policy
+        if current.name == old and current.quantization_mode is None:
+            swapped.append((layer, current))
+            layer.dtype_policy = policy
+    return swapped
