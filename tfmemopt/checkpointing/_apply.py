@@ -282,38 +282,78 @@ def _restore_graph(snapshot) -> None:
         t._keras_history = history
 
 
-class _Disconnected(Exception):
-    """Segment `k`'s outputs do not follow from its inputs alone."""
+def connected_segments(model, segments):
+    """The `"auto"` segments that can be built, or None.
 
-    def __init__(self, k):
-        super().__init__(k)
-        self.k = k
+    Where a segment's outputs also need a tensor from before its boundary
+    that `chain_cuts` could not see (keras-hub's T5: the decoder's
+    cross-attention reads the encoder's output), that boundary goes and
+    the two segments become one. None where that merges them down to one
+    segment (no saving: "auto" falls back to "blocks"). The estimator
+    reads it too, so that it cuts where the library cuts.
+    """
+    segments = list(segments)
+    merged = False
+    while len(segments) > 1 or not merged:
+        found = _first_disconnected(model, segments)
+        if found is None:
+            return segments
+        k, error = found
+        if len(segments) < 2:
+            raise error
+        k = max(k, 1)
+        segments[k - 1 : k + 1] = [(segments[k - 1][0], segments[k][1])]
+        merged = True
+    return None
+
+
+def _first_disconnected(model, segments):
+    """`(k, error)` for the first segment whose outputs do not follow from
+    its inputs alone, or None."""
+    if isinstance(model, keras.Sequential):
+        return None
+    ops = policies.top_level(model)
+    snapshot = _graph_state(model)
+    try:
+        for k in range(len(segments)):
+            inputs, outputs, _ = _segment_io(model, ops, segments, k)
+            try:
+                keras.Model(inputs, outputs)
+            except ValueError as e:
+                if "is not connected" not in str(e):
+                    raise
+                return k, e
+    finally:
+        _restore_graph(snapshot)
+    return None
+
+
+def _segment_io(model, ops, segments, k):
+    """`(inputs, outputs, needed)` of segment `k` of a functional model:
+    the boundary plus the model inputs used inside it (a mask)."""
+    start, stop = segments[k]
+    inputs, needed = model.input, []
+    if k:
+        needed = policies.segment_inputs(model, start, stop)
+        boundary = ops[start - 1].output
+        extra = [model.inputs[j] for j in needed]
+        inputs = [boundary, *extra] if needed else boundary
+    last = k == len(segments) - 1
+    outputs = model.output if last else ops[stop - 1].output
+    return inputs, outputs, needed
 
 
 def _enable_segments(model, segments, report, state):
-    """Builds the segments; where one's outputs also need a tensor from
-    before its boundary that `chain_cuts` could not see (keras-hub's T5:
-    the decoder's cross-attention reads the encoder's output), that
-    boundary goes and the two segments become one. Merged down to one
-    segment (no saving), nothing is set and "auto" falls back to
-    "blocks"."""
-    segments = list(segments)
-    kept = (list(report.segments), list(report.skipped))
-    merged = False
-    while len(segments) > 1 or not merged:
-        snapshot = _graph_state(model)
-        try:
-            _build_stages(model, segments, report, state)
-            return
-        except _Disconnected as e:
-            report.segments[:], report.skipped[:] = kept[0], kept[1]
-            if len(segments) < 2:
-                raise e.__cause__ from None
-            k = max(e.k, 1)
-            segments[k - 1 : k + 1] = [(segments[k - 1][0], segments[k][1])]
-            merged = True
-        finally:
-            _restore_graph(snapshot)
+    """Builds the segments `connected_segments` keeps (none where "auto"
+    falls back to "blocks")."""
+    segments = connected_segments(model, segments)
+    if segments is None:
+        return
+    snapshot = _graph_state(model)
+    try:
+        _build_stages(model, segments, report, state)
+    finally:
+        _restore_graph(snapshot)
 
 
 def _build_stages(model, segments, report, state):
@@ -331,21 +371,8 @@ def _build_stages(model, segments, report, state):
         if isinstance(model, keras.Sequential):
             sub = list(ops[start:stop])
         else:
-            inputs = model.input
-            if k:
-                # The boundary, plus model inputs used here (a mask).
-                needed = policies.segment_inputs(model, start, stop)
-                boundary = ops[start - 1].output
-                extra = [model.inputs[j] for j in needed]
-                inputs = [boundary, *extra] if needed else boundary
-            last = k == len(segments) - 1
-            outputs = model.output if last else ops[stop - 1].output
-            try:
-                sub = keras.Model(inputs, outputs, name=f"{model.name}_seg{k}")
-            except ValueError as e:
-                if "is not connected" not in str(e):
-                    raise
-                raise _Disconnected(k) from e
+            inputs, outputs, needed = _segment_io(model, ops, segments, k)
+            sub = keras.Model(inputs, outputs, name=f"{model.name}_seg{k}")
         if reasons:
             _skip(report, "+".join(names), reasons[0])
             sub = sub if isinstance(sub, list) else [sub]

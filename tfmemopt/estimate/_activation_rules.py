@@ -14,6 +14,7 @@ import warnings
 
 from tfmemopt._compat import sublayers
 from tfmemopt.checkpointing import _policies as policies
+from tfmemopt.checkpointing._apply import connected_segments
 
 # Fallback where a recurrent layer's loop cannot be sized from the graph
 # (`_while_loops` sizes Keras's generic loop itself). Per time step and
@@ -33,7 +34,9 @@ def _library_segments(model, segments):
     """The segments `enable_checkpointing(model, "auto")` makes, as units.
 
     `(segments, depth)`, or `None` where it would fall back to other rules
-    (a subclassed model). The estimate must cut where the library cuts:
+    (a subclassed model). The estimate must cut where the library cuts
+    (`connected_segments`: merged where a segment's outputs need a tensor
+    from before its boundary, "blocks" where that leaves one segment):
     about sqrt(N) layers *with weights* per segment, only where one tensor
     carries everything on (a cut inside a residual block would keep the
     skip tensor too), and inside a nested model that holds most of the
@@ -43,6 +46,7 @@ def _library_segments(model, segments):
     MiB against 134 measured).
     """
     prefix = ()
+    blocks = []
     try:
         inner = policies.dominant_submodel(model)
         while inner is not None and len(prefix) < max(segments) - 1:
@@ -51,12 +55,20 @@ def _library_segments(model, segments):
             inner = policies.dominant_submodel(model)
         ranges = policies.auto_segments(model)
         ops = policies.top_level(model)
+        if ranges:
+            ranges = connected_segments(model, ranges)
+            if ranges is None:  # "auto" falls back to "blocks"
+                blocks = policies.select_layers(model, "blocks")
     except (AttributeError, TypeError, ValueError):
-        return None
-    if not ranges:
         return None
     depth = len(prefix) + 1
     known = set(segments[depth][0])
+    if ranges is None and blocks:
+        segs = [[prefix + (b.name,)] for b in blocks]
+        segs = [s for s in segs if s[0] in known]
+        return (segs, depth) if segs else None
+    if not ranges:
+        return None
     segs = [
         [prefix + (op.name,) for op in ops[a:b] if prefix + (op.name,) in known]
         for a, b in ranges
