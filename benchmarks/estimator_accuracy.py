@@ -15,13 +15,14 @@ Run: `.venv/bin/python benchmarks/estimator_accuracy.py [--quick]
 [--partial] [MODEL ...]` (named models are measured again, the others' rows
 are kept), `--reestimate` (new estimates for the stored measurements, after
 a change to the estimator; trains nothing) or `--table` (the table again).
-`--design`, `--heldout`, `--heldout2` or `--heldout3` measure one set's
-models; with `--again`, one more run of them, each case's `measured` the
-median over the runs (the held-out sets are the median of 3 runs: run once,
-then twice with `--again`). The third held-out set is measured without an
-estimate (its rows' `estimate` is null, and the table leaves its models
-out until they have one): it is estimated once, by `--heldout3
---reestimate`, after the estimator's rules are final.
+`--design`, `--heldout`, `--heldout2`, `--heldout3` or `--heldout4`
+measure one set's models; with `--again`, one more run of them, each
+case's `measured` the median over the runs (the held-out sets are the
+median of 3 runs: run once, then twice with `--again`). The third and
+fourth held-out sets are measured without an estimate (their rows'
+`estimate` is null, and the table leaves their models out until they have
+one): each is estimated once, by `--heldout3 --reestimate` or
+`--heldout4 --reestimate`, after the estimator's rules are final.
 
 The estimate is for `tfmemopt.Model`'s train step (`trainer="tfmemopt"`),
 which is what is measured.
@@ -49,6 +50,8 @@ from _estimator_heldout2 import HELDOUT2  # noqa: E402
 from _estimator_heldout2 import build_heldout2  # noqa: E402
 from _estimator_heldout3 import HELDOUT3  # noqa: E402
 from _estimator_heldout3 import build_heldout3  # noqa: E402
+from _estimator_heldout4 import HELDOUT4  # noqa: E402
+from _estimator_heldout4 import build_heldout4  # noqa: E402
 from _estimator_table import summarize  # noqa: E402
 from _estimator_table import write_table  # noqa: E402
 
@@ -74,17 +77,28 @@ MODELS = {
 }
 VARIANTS = ("base", "accumulation=4", "checkpointing=auto", "mixed_bfloat16")
 # Every model, the design set first; the held-out sets (issue #23) are in
-# benchmarks/_estimator_heldout.py, _estimator_heldout2.py and
-# _estimator_heldout3.py, with why each family is held out.
-ALL = list(MODELS) + list(HELDOUT) + list(HELDOUT2) + list(HELDOUT3)
+# benchmarks/_estimator_heldout.py, _estimator_heldout2.py,
+# _estimator_heldout3.py and _estimator_heldout4.py, with why each family
+# is held out.
+ALL = (
+    list(MODELS)
+    + list(HELDOUT)
+    + list(HELDOUT2)
+    + list(HELDOUT3)
+    + list(HELDOUT4)
+)
+# The sets measured without an estimate until their one re-estimate.
+MEASURE_ONLY = ("heldout3", "heldout4")
 
 
 def set_of(name):
     """'design' (the rules were designed on it), 'heldout' (the first
     held-out set, used since to find defects), 'heldout2' (the second,
     measured once after it was fixed, used since to diagnose) or
-    'heldout3' (the third, measured without an estimate, estimated once
-    after the rules are final)."""
+    'heldout3' / 'heldout4' (the third and fourth, measured without an
+    estimate, each estimated once after the rules are final)."""
+    if name in HELDOUT4:
+        return "heldout4"
     if name in HELDOUT3:
         return "heldout3"
     if name in HELDOUT2:
@@ -191,6 +205,8 @@ def build(name):
         return build_heldout2(name)
     if name in HELDOUT3:
         return build_heldout3(name)
+    if name in HELDOUT4:
+        return build_heldout4(name)
     if name == "mlp":
         x = inp = keras.Input((512,))
         for _ in range(8):
@@ -290,6 +306,8 @@ def cases(name, quick):
         return HELDOUT2[name][:1] if quick else HELDOUT2[name]
     if name in HELDOUT3:
         return HELDOUT3[name][:1] if quick else HELDOUT3[name]
+    if name in HELDOUT4:
+        return HELDOUT4[name][:1] if quick else HELDOUT4[name]
     batches = MODELS[name]
     out = [("base", b) for b in batches]
     if not quick:
@@ -346,11 +364,11 @@ def run_model(name, cases):
                 peaks.append(device_memory()["peak"] - base)
         except Exception as e:
             error = error or f"training failed: {type(e).__name__}"
-        # The third held-out set is measured only; --reestimate estimates
-        # it once the estimator's rules are final.
+        # The third and fourth held-out sets are measured only;
+        # --reestimate estimates each once the estimator's rules are final.
         est, seconds = (
             (None, None)
-            if set_of(name) == "heldout3"
+            if set_of(name) in MEASURE_ONLY
             else estimate(name, variant, batch, loss)
         )
         rows.append(
@@ -379,7 +397,7 @@ def _data(name, inp, out, sparse, batch, np):
     import keras
 
     rng = np.random.default_rng(0)
-    held_out = name in HELDOUT or name in HELDOUT2 or name in HELDOUT3
+    held_out = set_of(name) != "design"
     high = VOCAB if held_out else 20000
 
     def one(t):
@@ -559,7 +577,8 @@ def main():
         _write_table(_load(path))
         return
     only = [a for a in sys.argv[1:] if not a.startswith("--") and a != rule]
-    # --design / --heldout / --heldout2 / --heldout3: one set's models
+    # --design / --heldout / --heldout2 / --heldout3 / --heldout4: one
+    # set's models
     # only. --again:
     # another run of the named models, measured = the median over the runs.
     if "--design" in sys.argv:
@@ -570,6 +589,8 @@ def main():
         only = only or list(HELDOUT2)
     if "--heldout3" in sys.argv:
         only = only or list(HELDOUT3)
+    if "--heldout4" in sys.argv:
+        only = only or list(HELDOUT4)
     names = only or ALL
     rows = []
     for name in names:
@@ -598,7 +619,7 @@ def main():
         rows += got
         for r in got:
             m = r["measured"]
-            if r["estimate"] is None:  # measured only (the third set)
+            if r["estimate"] is None:  # measured only (sets 3 and 4)
                 print(
                     f"{name:19s} {r['variant']:20s} B={r['batch']:5d} "
                     f"measured={(m or 0) / MIB:8.1f} MiB "
@@ -617,7 +638,7 @@ def main():
             )
         print(f"  ({time.time() - t0:.0f} s)", flush=True)
     if rule:
-        for which in ("design", "heldout", "heldout2", "heldout3"):
+        for which in ("design", "heldout", "heldout2", "heldout3", "heldout4"):
             some = [r for r in rows if set_of(r["model"]) == which]
             print(f"without {rule}, {which}: {summarize(some)}")
         return
@@ -633,7 +654,7 @@ def main():
         json.dump(rows, f, indent=1)
     if quick or ({r["model"] for r in rows} != set(ALL) and not partial):
         return
-    if not again and set(names) <= set(HELDOUT3):
+    if not again and all(set_of(n) in MEASURE_ONLY for n in names):
         return  # measured without estimates: the table does not change
     _write_table(rows)
 

@@ -1,6 +1,7 @@
 """The sets of `benchmarks/estimator_accuracy.py` (issue #23): the second
 held-out set shares no model with the design set or the first held-out
-set, the third none with any of them, and a case whose setting could
+set, the third none with any of them, the fourth none with any of the
+four before it, and a case whose setting could
 not be applied is left out of its set's figures. Pure Python: nothing is
 built or trained."""
 
@@ -52,6 +53,32 @@ def test_third_heldout_set_is_new_and_covers_the_settings():
         batches = {batch for _, batch in bench.cases(name, quick=False)}
         assert len(batches) >= 2, (name, batches)
         assert bench.set_of(name) == "heldout3"
+
+
+def test_fourth_heldout_set_is_new_and_covers_the_settings():
+    fourth = set(bench.HELDOUT4)
+    for earlier in (
+        bench.MODELS,
+        bench.HELDOUT,
+        bench.HELDOUT2,
+        bench.HELDOUT3,
+    ):
+        assert not fourth & set(earlier), fourth & set(earlier)
+    cases = [(n, *c) for n in fourth for c in bench.cases(n, quick=False)]
+    assert len(fourth) >= 7 and len(cases) >= 24, (len(fourth), len(cases))
+    optimizers = {
+        type(bench.optimizer_of(variant)).__name__ for _, variant, _ in cases
+    }
+    assert {"Adam", "AdamW", "SGD"} <= optimizers, optimizers
+    for setting in ("accumulation=4", "checkpointing=auto"):
+        families = {n for n, variant, _ in cases if variant == setting}
+        assert len(families) >= 2, (setting, families)
+    assert any(variant == "mixed_bfloat16" for _, variant, _ in cases)
+    for name in fourth:
+        batches = {batch for _, batch in bench.cases(name, quick=False)}
+        assert len(batches) >= 2, (name, batches)
+        assert bench.set_of(name) == "heldout4"
+    assert "heldout4" in bench.MEASURE_ONLY
 
 
 def test_summary_leaves_out_a_case_that_did_not_apply():
