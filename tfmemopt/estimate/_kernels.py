@@ -62,10 +62,13 @@ CPU_DEVICE_BYTES = 256 << 20
 def rewritten_sum_zeros(step, device_bytes: int = CPU_DEVICE_BYTES) -> int:
     """Bytes of zeros that Grappler's rewrite of the step's gradient sums
     keeps for the whole run (constant-folded, allocated once): the sums with
-    an input alive at the simulated peak (`step.sums_at_peak`), when that
-    peak is above 0.8 of `device_bytes`. Measured on CPU: the CNN at batch
-    512 (peak about 330 MiB) kept 64 MiB of zeros of its largest 3-input
-    sum (`AddN_5/tmp_var_zeros`), at batches 32 and 128 none."""
-    if step.peak <= _REWRITE_SHARE * device_bytes:
+    an input alive at the simulated peak (`step.sums_at_peak`), when the
+    peak of Grappler's own estimate of the step (`step.grappler_peak`:
+    every tensor counted, none written in place) is above 0.8 of
+    `device_bytes`.
+    Measured on CPU: the CNN at batch 512 (peak about 330 MiB) kept 64 MiB
+    of zeros of its largest 3-input sum (`AddN_5/tmp_var_zeros`), at
+    batches 32 and 128 none."""
+    if step.grappler_peak <= _REWRITE_SHARE * device_bytes:
         return 0
     return sum(step.sums_at_peak)

@@ -114,6 +114,10 @@ class StepGraph:
     # Bytes of each sum of 3 or more gradients (AddN) that has an input
     # alive at the peak.
     sums_at_peak: list = dataclasses.field(default_factory=list)
+    # The step's peak as Grappler's static memory estimate sees it (every
+    # tensor counted, none written into an input's buffer): what its
+    # memory optimizer compares with the device's memory.
+    grappler_peak: int = 0
 
 
 def trace_step(
@@ -187,6 +191,16 @@ def trace_step(
             model, concrete, ops, size_of, aliases, scratch, update, events
         )
 
+    # Grappler's own estimate (`GraphMemory::InferStatically`) counts every
+    # tensor and forwards no input buffer: its peak decides whether its
+    # memory optimizer rewrites the gradient sums.
+    whole_size, whole_aliases = _size_function(
+        concrete, model, model_scope, activation_itemsize, 0
+    )
+    grappler_peak = _simulate(
+        ops, outputs, whole_size, whole_aliases, in_place=False
+    )
+
     def counted(n):
         return 0 if n < min_counted_bytes else n
 
@@ -205,6 +219,7 @@ def trace_step(
         events=events,
         updating_peak=updating_peak,
         sums_at_peak=_sums_with_input_in(ops, alive, size_of),
+        grappler_peak=grappler_peak,
     )
 
 
@@ -308,6 +323,7 @@ def _simulate(
     events=None,
     consumed=None,
     at_peak=None,
+    in_place=True,
 ):
     """Peak live bytes when `ops` run in order, freeing after last use.
 
@@ -318,6 +334,7 @@ def _simulate(
     ops that read the same tensor and do not read each other (the two
     gradients of a matmul or an einsum, both waiting for the same incoming
     gradient) run at once, so the scratch of the one before counts too.
+    `in_place=False`: no output takes an input's buffer (Grappler's view).
     """
     last = {}
     for i, op in enumerate(ops):
@@ -346,9 +363,11 @@ def _simulate(
             if op.type in _FREE:
                 continue
             n = size_of(t) or 0
-            reused = _reusable_input(
-                op, i, n, last, keep, buffer_of, holders, size
-            )
+            reused = None
+            if in_place:
+                reused = _reusable_input(
+                    op, i, n, last, keep, buffer_of, holders, size
+                )
             if reused is not None:
                 buffer_of[t.name] = reused
                 holders[reused].add(t.name)
