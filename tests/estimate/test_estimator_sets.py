@@ -35,12 +35,16 @@ def test_second_heldout_set_is_new_and_large_enough():
     assert bench.set_of("bigru") == "heldout"
 
 
-def test_third_heldout_set_is_new_and_covers_the_settings():
-    third = set(bench.HELDOUT3)
-    for earlier in (bench.MODELS, bench.HELDOUT, bench.HELDOUT2):
-        assert not third & set(earlier), third & set(earlier)
-    cases = [(n, *c) for n in third for c in bench.cases(n, quick=False)]
-    assert len(third) >= 7 and len(cases) >= 24, (len(third), len(cases))
+def _check_new_set(new, earlier, name):
+    """`new` (a set's models) shares no family with `earlier`, has >= 7
+    families and >= 24 cases over Adam, AdamW and SGD, accumulation and
+    checkpointing on >= 2 families each, a mixed_bfloat16 case and >= 2
+    batch sizes per family, and `set_of` names it `name`."""
+    new = set(new)
+    for models in earlier:
+        assert not new & set(models), new & set(models)
+    cases = [(n, *c) for n in new for c in bench.cases(n, quick=False)]
+    assert len(new) >= 7 and len(cases) >= 24, (len(new), len(cases))
     optimizers = {
         type(bench.optimizer_of(variant)).__name__ for _, variant, _ in cases
     }
@@ -49,35 +53,20 @@ def test_third_heldout_set_is_new_and_covers_the_settings():
         families = {n for n, variant, _ in cases if variant == setting}
         assert len(families) >= 2, (setting, families)
     assert any(variant == "mixed_bfloat16" for _, variant, _ in cases)
-    for name in third:
-        batches = {batch for _, batch in bench.cases(name, quick=False)}
-        assert len(batches) >= 2, (name, batches)
-        assert bench.set_of(name) == "heldout3"
+    for model in new:
+        batches = {batch for _, batch in bench.cases(model, quick=False)}
+        assert len(batches) >= 2, (model, batches)
+        assert bench.set_of(model) == name
+
+
+def test_third_heldout_set_is_new_and_covers_the_settings():
+    earlier = (bench.MODELS, bench.HELDOUT, bench.HELDOUT2)
+    _check_new_set(bench.HELDOUT3, earlier, "heldout3")
 
 
 def test_fourth_heldout_set_is_new_and_covers_the_settings():
-    fourth = set(bench.HELDOUT4)
-    for earlier in (
-        bench.MODELS,
-        bench.HELDOUT,
-        bench.HELDOUT2,
-        bench.HELDOUT3,
-    ):
-        assert not fourth & set(earlier), fourth & set(earlier)
-    cases = [(n, *c) for n in fourth for c in bench.cases(n, quick=False)]
-    assert len(fourth) >= 7 and len(cases) >= 24, (len(fourth), len(cases))
-    optimizers = {
-        type(bench.optimizer_of(variant)).__name__ for _, variant, _ in cases
-    }
-    assert {"Adam", "AdamW", "SGD"} <= optimizers, optimizers
-    for setting in ("accumulation=4", "checkpointing=auto"):
-        families = {n for n, variant, _ in cases if variant == setting}
-        assert len(families) >= 2, (setting, families)
-    assert any(variant == "mixed_bfloat16" for _, variant, _ in cases)
-    for name in fourth:
-        batches = {batch for _, batch in bench.cases(name, quick=False)}
-        assert len(batches) >= 2, (name, batches)
-        assert bench.set_of(name) == "heldout4"
+    earlier = (bench.MODELS, bench.HELDOUT, bench.HELDOUT2, bench.HELDOUT3)
+    _check_new_set(bench.HELDOUT4, earlier, "heldout4")
     assert "heldout4" in bench.MEASURE_ONLY
 
 
