@@ -116,14 +116,18 @@ def test_grappler_keeps_the_zeros_of_a_large_gradient_sum():
     # peak is above 0.8 x 256 MiB (the CPU device's memory as Grappler
     # sees it); the sum of the three 64 MiB gradients of `h` is alive at
     # the peak, so its 64 MiB of zeros stay allocated.
-    big = _step_graph.trace_step(model, 16384)
+    big = _step_graph.trace_step(
+        model, 16384, min_counted_bytes=CPU_STATS_MIN_BYTES
+    )
     assert big.peak > 0.8 * CPU_DEVICE_BYTES
     assert big.sums_at_peak == [16384 * 1024 * F32]
     assert rewritten_sum_zeros(big) == 64 * MIB
     est = estimate_memory(model, 16384, min_counted_bytes=CPU_STATS_MIN_BYTES)
     assert any("Grappler" in n and "64.0 MiB" in n for n in est.notes)
     # Batch 1024: the same sum is alive at a peak far below: no rewrite.
-    small = _step_graph.trace_step(model, 1024)
+    small = _step_graph.trace_step(
+        model, 1024, min_counted_bytes=CPU_STATS_MIN_BYTES
+    )
     assert small.sums_at_peak == [1024 * 1024 * F32]
     assert rewritten_sum_zeros(small) == 0
     est = estimate_memory(model, 1024, min_counted_bytes=CPU_STATS_MIN_BYTES)
@@ -136,7 +140,9 @@ def test_grappler_decides_on_its_own_view_of_the_peak():
     # simulation's where an op runs in place (here each Dense's BiasAdd),
     # and the rewrite is decided on it (the third held-out set's PointNet
     # kept its zeros while the simulated peak was below 0.8 x 256 MiB).
-    step = _step_graph.trace_step(_three_readers(), 4096)
+    step = _step_graph.trace_step(
+        _three_readers(), 4096, min_counted_bytes=CPU_STATS_MIN_BYTES
+    )
     assert step.grappler_peak > step.peak
     assert sum(step.sums_at_peak) > 0
     threshold = int(0.8 * CPU_DEVICE_BYTES)

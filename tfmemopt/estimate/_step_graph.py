@@ -116,7 +116,8 @@ class StepGraph:
     sums_at_peak: list = dataclasses.field(default_factory=list)
     # The step's peak as Grappler's static memory estimate sees it (every
     # tensor counted, none written into an input's buffer): what its
-    # memory optimizer compares with the device's memory.
+    # memory optimizer compares with the device's memory (0: not simulated,
+    # `min_counted_bytes` is 0).
     grappler_peak: int = 0
 
 
@@ -193,13 +194,16 @@ def trace_step(
 
     # Grappler's own estimate (`GraphMemory::InferStatically`) counts every
     # tensor and forwards no input buffer: its peak decides whether its
-    # memory optimizer rewrites the gradient sums.
-    whole_size, whole_aliases = _size_function(
-        concrete, model, model_scope, activation_itemsize, 0
-    )
-    grappler_peak = _simulate(
-        ops, outputs, whole_size, whole_aliases, in_place=False
-    )
+    # memory optimizer rewrites the gradient sums. Only the CPU statistics'
+    # view (`min_counted_bytes`) models that rewrite: 0 elsewhere.
+    grappler_peak = 0
+    if min_counted_bytes:
+        whole_size, whole_aliases = _size_function(
+            concrete, model, model_scope, activation_itemsize, 0
+        )
+        grappler_peak = _simulate(
+            ops, outputs, whole_size, whole_aliases, in_place=False
+        )
 
     def counted(n):
         return 0 if n < min_counted_bytes else n
