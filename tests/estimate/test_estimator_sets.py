@@ -1,9 +1,9 @@
 """The sets of `benchmarks/estimator_accuracy.py` (issue #23): the second
 held-out set shares no model with the design set or the first held-out
 set, the third none with any of them, the fourth none with any of the
-four before it, and a case whose setting could
-not be applied is left out of its set's figures. Pure Python: nothing is
-built or trained."""
+four before it, the fifth none with any of the five before it, and a
+case whose setting could not be applied is left out of its set's
+figures. Pure Python: nothing is built or trained."""
 
 import os
 import sys
@@ -68,6 +68,19 @@ def test_fourth_heldout_set_is_new_and_covers_the_settings():
     earlier = (bench.MODELS, bench.HELDOUT, bench.HELDOUT2, bench.HELDOUT3)
     _check_new_set(bench.HELDOUT4, earlier, "heldout4")
     assert "heldout4" in bench.MEASURE_ONLY
+
+
+def test_fifth_heldout_set_is_new_and_covers_the_settings():
+    earlier = (
+        bench.MODELS,
+        bench.HELDOUT,
+        bench.HELDOUT2,
+        bench.HELDOUT3,
+        bench.HELDOUT4,
+    )
+    _check_new_set(bench.HELDOUT5, earlier, "heldout5")
+    assert "heldout5" in bench.MEASURE_ONLY
+    assert bench.ALL[-len(bench.HELDOUT5) :] == list(bench.HELDOUT5)
 
 
 def test_summary_leaves_out_a_case_that_did_not_apply():
