@@ -32,9 +32,11 @@ _FREE = {
 }
 
 
-def _kept_for_backward(backward_ops, fwd_names, path_of, size_of):
+def _kept_for_backward(backward_ops, fwd_names, path_of, size_of, same=None):
     """Forward tensors read by gradient ops: the activations kept.
 
+    `same`: tensor name -> the tensor that replaces it (`_dedup`): a
+    tensor and its replacement are kept once.
     Returns `(saved_by_layer, unknown)`: `[(layer path, bytes)]`, and the
     labels of loop tensors whose size the graph does not say.
     """
@@ -47,7 +49,7 @@ def _kept_for_backward(backward_ops, fwd_names, path_of, size_of):
                 continue
             if t.op.type == "Placeholder":
                 continue
-            saved[t.name] = t
+            saved.setdefault((same or {}).get(t.name, t.name), t)
     saved_by_layer = []
     for t in saved.values():
         path = path_of(t.op.name)

@@ -20,6 +20,7 @@ import dataclasses
 
 import tensorflow as tf
 
+from tfmemopt.estimate._dedup import duplicates
 from tfmemopt.estimate._kept import _ALIAS
 from tfmemopt.estimate._kept import _FREE
 from tfmemopt.estimate._kept import _kept_for_backward
@@ -156,14 +157,17 @@ def trace_step(
         model, batch_size, input_shape, sequence_length, owner
     )
     ops, n_fwd = _ops_that_run_in(concrete, n_fwd, loss)
+    # Grappler merges identical ops: one buffer for each set.
     fwd_names = {op.name for op in ops[:n_fwd]}
+    same = duplicates(ops, fwd_names)
     path_of = _path_function(model)
     model_scope = _model_scope(model, ops[:n_fwd], path_of)
     size_of, aliases = _size_function(
         concrete, model, model_scope, activation_itemsize, min_counted_bytes
     )
+    aliases = {**aliases, **same}
     saved_by_layer, unknown = _kept_for_backward(
-        ops[n_fwd:], fwd_names, path_of, size_of
+        ops[n_fwd:], fwd_names, path_of, size_of, same
     )
     segments = {
         depth: _units_at(
@@ -202,7 +206,7 @@ def trace_step(
             concrete, model, model_scope, activation_itemsize, 0
         )
         grappler_peak = _simulate(
-            ops, outputs, whole_size, whole_aliases, in_place=False
+            ops, outputs, whole_size, {**whole_aliases, **same}, in_place=False
         )
 
     def counted(n):
@@ -313,6 +317,19 @@ def _reusable_input(op, i, n, last, keep, buffer_of, holders, size):
     return None
 
 
+def _read_names(tensors, aliases):
+    """The names an op's reads release: each tensor's, and those of the
+    tensors whose buffer it shares (`aliases`, followed to the end)."""
+    names = []
+    for t in tensors:
+        name = t.name
+        names.append(name)
+        while name in aliases:
+            name = aliases[name]
+            names.append(name)
+    return names
+
+
 def _event_key(name, lists):
     """An event's key: `("list", name)` for a loop's TensorList."""
     return ("list", name) if name in lists else name
@@ -344,6 +361,10 @@ def _simulate(
     for i, op in enumerate(ops):
         for t in op.inputs:
             last[t.name] = i
+            name = t.name
+            while name in aliases:  # its buffer is read here too
+                name = aliases[name]
+                last[name] = i
     consumed = consumed or {}
     keep = {t.name for t in outputs if t.name not in consumed}
     buffer_of, size, holders = {}, {}, {}
@@ -360,7 +381,7 @@ def _simulate(
                 shared = op.inputs[0].name
             if shared is not None:
                 src = buffer_of.get(shared)
-                if src is not None:
+                if src is not None and src in holders:
                     buffer_of[t.name] = src
                     holders[src].add(t.name)
                     continue
@@ -405,13 +426,13 @@ def _simulate(
                 events += list(zip(keys, temps)) + [(k, None) for k in keys]
             if t.name not in last:
                 last[t.name] = i  # freed below, with the op's inputs
-        for t in list(op.inputs) + done:
-            if last.get(t.name) != i or t.name in keep:
+        for name in _read_names(list(op.inputs) + done, aliases):
+            if last.get(name) != i or name in keep:
                 continue
-            src = buffer_of.get(t.name)
+            src = buffer_of.get(name)
             if src is None or src not in holders:
                 continue
-            holders[src].discard(t.name)
+            holders[src].discard(name)
             if not holders[src]:
                 n = size.pop(src)
                 live -= n
