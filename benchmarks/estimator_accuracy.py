@@ -509,13 +509,15 @@ def reestimate(names):
 
 
 # --ablate RULE (with --reestimate): estimate without one of the rules that
-# model the CPU allocator, to see which set each helps (issue #23).
+# model the CPU allocator or Grappler's rewrites, to see which set each
+# helps (issue #23).
 # ("none": every rule on, the same summaries to compare with.)
-ABLATIONS = ("none", "chunks", "grappler", "lists")
+ABLATIONS = ("none", "chunks", "grappler", "lists", "dedup")
 
 
 def ablate(rule):
     """Child process: turn `rule` off in this process's estimator."""
+    from tfmemopt.estimate import _step_graph
     from tfmemopt.estimate import _step_trace
     from tfmemopt.estimate import _temporaries
     from tfmemopt.estimate import _update
@@ -538,6 +540,8 @@ def ablate(rule):
             return lists, aliases
 
         _step_trace.while_loop_sizes = whole
+    elif rule == "dedup":  # no merging of identical forward ops
+        _step_graph.duplicates = lambda ops, forward: {}
     else:
         raise ValueError(f"--ablate takes one of {ABLATIONS}; got {rule!r}")
 
