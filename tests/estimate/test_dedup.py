@@ -30,15 +30,21 @@ def test_identical_ops_are_merged_and_others_are_not():
         b = tf.add(y, x, name="b")  # commutative: the same sum
         c = tf.subtract(x, y, name="c")
         d = tf.subtract(y, x, name="d")  # not commutative
+        m = tf.maximum(x, y, name="m")
+        n = tf.maximum(y, x, name="n")  # not registered commutative
+        s = tf.add_n([x, y, x], name="s")
+        t = tf.add_n([x, x, y], name="t")  # commutative
         e = tf.random.uniform([4], name="e")  # stateful: never merged
         h = tf.random.uniform([4], name="h")
-        return a + b + c + d + e + h
+        return a + b + c + d + e + h + m + n + s + t
 
     spec = tf.TensorSpec([4])
     ops = f.get_concrete_function(spec, spec).graph.get_operations()
     same = duplicates(ops, {op.name for op in ops})
     assert same["b:0"] == "a:0"
     assert "d:0" not in same and "c:0" not in same
+    assert "n:0" not in same and "m:0" not in same
+    assert same["t:0"] == "s:0"
     random = [op.outputs[0].name for op in ops if op.type == "RandomUniform"]
     assert len(random) == 2 and not any(r in same for r in random)
     # Only the ops named in `forward` are merged.
@@ -106,8 +112,54 @@ def test_the_backward_pass_recomputations_are_not_merged(monkeypatch):
     ops, forward = seen[-1]
     merged = duplicates(ops, forward)
     everywhere = duplicates(ops, {op.name for op in ops})
-    # With every op allowed, the gradient's recomputation merges with the
-    # forward pass; with the forward pass alone, nothing of the backward.
-    backward = {t for t in everywhere if t.rsplit(":", 1)[0] not in forward}
-    assert backward
+    # With every op allowed, the gradient's second `beta * features`
+    # merges with the forward product; with the forward pass alone, no
+    # backward op is merged.
+    fwd_product = [
+        op.outputs[0].name
+        for op in ops
+        if op.name in forward
+        and op.type == "Mul"
+        and any(t.op.type == "BiasAdd" for t in op.inputs)
+        and not any(t.op.type == "Sigmoid" for t in op.inputs)
+    ]
+    assert len(fwd_product) == 1
+    backward_products = [
+        t
+        for t, kept in everywhere.items()
+        if kept == fwd_product[0] and t.rsplit(":", 1)[0] not in forward
+    ]
+    assert backward_products
     assert not any(t.rsplit(":", 1)[0] not in forward for t in merged)
+
+
+def test_a_merged_away_op_does_not_run(monkeypatch):
+    # Both convolutions read `h` through their own causal Pad; the second
+    # Pad is merged away (Grappler deletes it), so `h` is freed once the
+    # first Pad has read it, before the first convolution's output is
+    # made. Were the merged-away Pad still run, `h` would live until the
+    # second convolution starts.
+    inp = keras.Input((256, 16))
+    h = keras.layers.Dense(16)(inp)
+    conv = dict(kernel_size=2, dilation_rate=4, padding="causal")
+    f = keras.layers.Conv1D(16, **conv)(h)
+    g = keras.layers.Conv1D(16, **conv)(h)
+    model = keras.Model(inp, keras.layers.Multiply()([f, g]))
+
+    def order(step):
+        keys = [str(k) for k, _ in step.events]
+        kinds = [n is None for _, n in step.events]
+        dense = next(k for k in keys if "dense" in k and "MatMul" in k)
+        freed = next(
+            i for i, (k, f) in enumerate(zip(keys, kinds)) if f and k == dense
+        )
+        first_conv = next(
+            i for i, k in enumerate(keys) if "BatchToSpaceND" in k
+        )
+        return freed, first_conv
+
+    freed, first_conv = order(_step_graph.trace_step(model, 8))
+    assert freed < first_conv
+    monkeypatch.setattr(_step_graph, "merged_ops", lambda same: set())
+    freed, first_conv = order(_step_graph.trace_step(model, 8))
+    assert freed > first_conv

@@ -12,46 +12,54 @@ held-out set, batch 16) held 5 `SpaceToBatchND` outputs at its peak where
 the graph has 10, one per block. keras-hub's DeBERTa computes the same
 relative-position terms in each layer.
 
-Only the forward pass's ops are merged. TensorFlow's gradient functions
-recompute some forward values on purpose and guard them against this
-merge with a control dependency on the incoming gradient (`swish`'s
-gradient recomputes `sigmoid(features)` so that the forward pass can free
-it), which the traced graph does not always show: merged there, the
-recomputation would keep the forward tensor alive until the backward
-pass. Measured (issue #23): merging the backward pass's ops too put the
-Conformer-like stack at +13.7% (-0.8% without), EfficientNetB0 at +20.6%
-(-3.0%) and DeBERTa at +25.9% (-1.0% with the forward pass's merges only).
+Only the forward pass's ops are merged. In the backward pass the merge
+meets what this simulation does not model: `swish`'s gradient computes
+`beta * features` again (besides the recomputation it guards with a
+control dependency on the incoming gradient), which Grappler would merge
+with the forward product; but Keras's `silu` has `beta = 1`, and
+presumably Grappler's constant folding makes each product the features
+themselves (no buffer of its own). Merged here, the forward product was
+kept until the backward pass: a first version that merged backward ops
+too read the Conformer-like stack at +13.7% (-0.8% without),
+EfficientNetB0 at batch 32 at +20.6% (-3.0%) and DeBERTa at +25.9%
+(-1.0% with the forward pass's merges only; issue #23).
 """
 
 from __future__ import annotations
 
-# Binary ops whose inputs Grappler compares in any order (`IsCommutative`).
-_COMMUTATIVE = {
-    "Add",
-    "AddV2",
-    "Mul",
-    "Maximum",
-    "Minimum",
-    "SquaredDifference",
-    "LogicalAnd",
-    "LogicalOr",
-    "Equal",
-    "NotEqual",
-    "BitwiseAnd",
-    "BitwiseOr",
-    "BitwiseXor",
+# Ops Grappler never merges (`CanDedup`: `IsPlaceholder`, `IsEnter`,
+# `IsExit`); `IsFreeOfSideEffect` refuses stateful ops (but `Assert` and
+# `Print`) and ops that write an input in place. Grappler also refuses
+# every op upstream of an in-place op (`InplaceAdd`, `InplaceSub`,
+# `InplaceUpdate`); Keras's TensorFlow backend makes none, so that is not
+# modelled.
+_KEPT = {
+    "Placeholder",
+    "PlaceholderV2",
+    "PlaceholderWithDefault",
+    "Enter",
+    "Exit",
 }
-# Ops Grappler never merges (`CanDedup`, `IsFreeOfSideEffect`): the graph's
-# arguments, loop frames, and ops that write an input in place.
-_KEPT = {"Placeholder", "Enter", "Exit", "Merge", "Switch", "NextIteration"}
 
 
 def _mergeable(op) -> bool:
-    if op.type in _KEPT or "Inplace" in op.type or "Assign" in op.type:
+    if op.type in _KEPT or op.type.startswith("Inplace"):
         return False
+    if op.type in ("Assert", "Print", "PrintV2"):
+        return True
     try:
         return not op.op_def.is_stateful
     except (KeyError, ValueError, AttributeError):  # a graph function
+        return False
+
+
+def _commutative(op) -> bool:
+    """Grappler's `IsCommutative`: `Add`, or the op is registered so."""
+    if op.type == "Add":
+        return True
+    try:
+        return op.op_def.is_commutative
+    except (KeyError, ValueError, AttributeError):
         return False
 
 
@@ -60,29 +68,35 @@ def _attributes(op) -> tuple:
     return tuple(
         (k, attrs[k].SerializeToString(deterministic=True))
         for k in sorted(attrs)
-        if not k.startswith("_")
     )
 
 
 def duplicates(ops, forward) -> dict:
     """Tensor name -> the name of the tensor that replaces it, for each
     output of a forward op (its name in `forward`) identical to an earlier
-    one in `ops` (graph order, which is topological). An op's inputs are
-    replaced first, so chains of identical ops merge whole, as Grappler's
-    repeated passes do."""
-    same = {}
+    one in `ops` (graph order, which is topological). An op's data and
+    control inputs are replaced first, so chains of identical ops merge
+    whole, as Grappler's repeated passes do. The merged-away ops do not
+    run (`merged_ops`)."""
+    same, op_of = {}, {}
     seen = {}
     for op in ops:
         if op.name not in forward or not _mergeable(op):
             continue
         inputs = [same.get(t.name, t.name) for t in op.inputs]
-        if op.type in _COMMUTATIVE:
+        if _commutative(op):
             inputs.sort()
-        control = sorted(c.name for c in op.control_inputs)
+        control = sorted(op_of.get(c.name, c.name) for c in op.control_inputs)
         key = (op.type, op.device, tuple(inputs), tuple(control))
         first = seen.setdefault(key + _attributes(op), op)
         if first is op:
             continue
+        op_of[op.name] = first.name
         for t, kept in zip(op.outputs, first.outputs):
             same[t.name] = kept.name
     return same
+
+
+def merged_ops(same) -> set:
+    """Names of the ops `duplicates` merged away: Grappler deletes them."""
+    return {name.rsplit(":", 1)[0] for name in same}

@@ -21,6 +21,7 @@ import dataclasses
 import tensorflow as tf
 
 from tfmemopt.estimate._dedup import duplicates
+from tfmemopt.estimate._dedup import merged_ops
 from tfmemopt.estimate._kept import _ALIAS
 from tfmemopt.estimate._kept import _FREE
 from tfmemopt.estimate._kept import _kept_for_backward
@@ -157,9 +158,12 @@ def trace_step(
         model, batch_size, input_shape, sequence_length, owner
     )
     ops, n_fwd = _ops_that_run_in(concrete, n_fwd, loss)
-    # Grappler merges identical ops: one buffer for each set.
+    # Grappler merges identical ops: one buffer for each set, and the
+    # merged-away ops do not run (their readers read the one kept).
     fwd_names = {op.name for op in ops[:n_fwd]}
     same = duplicates(ops, fwd_names)
+    merged = merged_ops(same)
+    run = [op for op in ops if op.name not in merged]
     path_of = _path_function(model)
     model_scope = _model_scope(model, ops[:n_fwd], path_of)
     size_of, aliases = _size_function(
@@ -182,7 +186,7 @@ def trace_step(
 
     events, alive = [], set()
     peak = _simulate(
-        ops,
+        run,
         outputs,
         size_of,
         aliases,
@@ -193,7 +197,7 @@ def trace_step(
     updating_peak = None
     if update is not None:
         updating_peak = _simulate_updating(
-            model, concrete, ops, size_of, aliases, scratch, update, events
+            model, concrete, run, size_of, aliases, scratch, update, events
         )
 
     # Grappler's own estimate (`GraphMemory::InferStatically`) counts every
@@ -206,7 +210,7 @@ def trace_step(
             concrete, model, model_scope, activation_itemsize, 0
         )
         grappler_peak = _simulate(
-            ops, outputs, whole_size, {**whole_aliases, **same}, in_place=False
+            run, outputs, whole_size, {**whole_aliases, **same}, in_place=False
         )
 
     def counted(n):
