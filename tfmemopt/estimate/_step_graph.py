@@ -132,6 +132,7 @@ def trace_step(
     min_counted_bytes: int = 0,
     update=None,
     owner=None,
+    loss=None,
 ) -> StepGraph:
     """Traces one training step of `model` at `batch_size` and measures it.
 
@@ -153,9 +154,12 @@ def trace_step(
             (`enable_long_sequences`) apply: its chunked loss is traced
             from the head's input (`head_of`), as `tfmemopt.Model`'s step
             computes it.
+        loss: optional loss the step computes (a Keras loss or its name);
+            by default the owner's or the model's compiled loss, else mean
+            squared error.
     """
     concrete, n_fwd, loss = _traced_step(
-        model, batch_size, input_shape, sequence_length, owner
+        model, batch_size, input_shape, sequence_length, owner, loss
     )
     ops, n_fwd = _ops_that_run_in(concrete, n_fwd, loss)
     # Grappler merges identical ops: one buffer for each set, and the

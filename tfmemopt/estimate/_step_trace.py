@@ -56,14 +56,19 @@ def _layer_of(component: str, names: set) -> str:
 
 
 def _traced_step(
-    model, batch_size: int, input_shape=None, sequence_length=None, owner=None
+    model,
+    batch_size: int,
+    input_shape=None,
+    sequence_length=None,
+    owner=None,
+    loss=None,
 ):
     """`(concrete function, forward op count)` of one gradient step."""
     in_specs = input_specs(model, batch_size, input_shape, sequence_length)
     # A tfmemopt.Model.wrap is compiled, the model it wraps maybe not.
-    loss_fn, y_specs = _loss_and_target_specs(
-        model, batch_size, in_specs, getattr(owner, "loss", None)
-    )
+    if loss is None:
+        loss = getattr(owner, "loss", None)
+    loss_fn, y_specs = _loss_and_target_specs(model, batch_size, in_specs, loss)
     mark = {}
 
     def step(x, y):

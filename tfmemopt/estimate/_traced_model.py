@@ -35,9 +35,14 @@ def trace_model(model, s: Settings, input_shape=None, sequence_length=None):
     graph; the policy rebuild and checkpointing segments need its layers).
     """
     outer = traced = model
+    # The loss the user compiled: a model rebuilt under another policy,
+    # and the model a `Model.wrap` holds, are not compiled.
+    loss = getattr(outer, "loss", None)
     inner = getattr(model, "inner", None)
     if isinstance(model, Model) and isinstance(inner, keras.Model):
         traced = model = inner
+        if loss is None:
+            loss = getattr(inner, "loss", None)
     swapped = []
     if s.policy.name != model.dtype_policy.name:
         traced = rebuilt_under(model, s.policy.name) or model
@@ -57,6 +62,7 @@ def trace_model(model, s: Settings, input_shape=None, sequence_length=None):
             traced,
             s.micro,
             owner=owner,
+            loss=loss,
             activation_itemsize=s.compute if rescale else None,
             input_shape=input_shape,
             sequence_length=sequence_length,
