@@ -15,15 +15,15 @@ Run: `.venv/bin/python benchmarks/estimator_accuracy.py [--quick]
 [--partial] [MODEL ...]` (named models are measured again, the others' rows
 are kept), `--reestimate` (new estimates for the stored measurements, after
 a change to the estimator; trains nothing) or `--table` (the table again).
-`--design`, `--heldout`, `--heldout2`, `--heldout3`, `--heldout4` or
-`--heldout5` measure one set's models; with `--again`, one more run of
-them, each case's `measured` the median over the runs (the held-out sets
-are the median of 3 runs: run once, then twice with `--again`). The
-third, fourth and fifth held-out sets are measured without an estimate
-(their rows' `estimate` is null, and the table leaves their models out
+`--design`, `--heldout`, `--heldout2`, `--heldout3`, `--heldout4`,
+`--heldout5` or `--heldout6` measure one set's models; with `--again`, one
+more run of them, each case's `measured` the median over the runs (the
+held-out sets are the median of 3 runs: run once, then twice with
+`--again`). The third to sixth held-out sets are measured without an
+estimate (their rows' `estimate` is null, and the table leaves their models out
 until they have one): each is estimated once, by `--heldout3
---reestimate`, `--heldout4 --reestimate` or `--heldout5 --reestimate`,
-after the estimator's rules are final.
+--reestimate`, `--heldout4 --reestimate`, `--heldout5 --reestimate` or
+`--heldout6 --reestimate`, after the estimator's rules are final.
 
 The estimate is for `tfmemopt.Model`'s train step (`trainer="tfmemopt"`),
 which is what is measured.
@@ -55,6 +55,8 @@ from _estimator_heldout4 import HELDOUT4  # noqa: E402
 from _estimator_heldout4 import build_heldout4  # noqa: E402
 from _estimator_heldout5 import HELDOUT5  # noqa: E402
 from _estimator_heldout5 import build_heldout5  # noqa: E402
+from _estimator_heldout6 import HELDOUT6  # noqa: E402
+from _estimator_heldout6 import build_heldout6  # noqa: E402
 from _estimator_table import summarize  # noqa: E402
 from _estimator_table import write_table  # noqa: E402
 
@@ -81,8 +83,8 @@ MODELS = {
 VARIANTS = ("base", "accumulation=4", "checkpointing=auto", "mixed_bfloat16")
 # Every model, the design set first; the held-out sets (issue #23) are in
 # benchmarks/_estimator_heldout.py, _estimator_heldout2.py,
-# _estimator_heldout3.py, _estimator_heldout4.py and _estimator_heldout5.py,
-# with why each family is held out.
+# _estimator_heldout3.py, _estimator_heldout4.py, _estimator_heldout5.py and
+# _estimator_heldout6.py, with why each family is held out.
 ALL = (
     list(MODELS)
     + list(HELDOUT)
@@ -90,17 +92,20 @@ ALL = (
     + list(HELDOUT3)
     + list(HELDOUT4)
     + list(HELDOUT5)
+    + list(HELDOUT6)
 )
 # The sets measured without an estimate until their one re-estimate.
-MEASURE_ONLY = ("heldout3", "heldout4", "heldout5")
+MEASURE_ONLY = ("heldout3", "heldout4", "heldout5", "heldout6")
 
 
 def set_of(name):
     """'design' (the rules were designed on it), 'heldout' (the first
     held-out set, used since to find defects), 'heldout2' (the second,
     measured once after it was fixed, used since to diagnose) or
-    'heldout3' / 'heldout4' / 'heldout5' (the third to fifth, measured
+    'heldout3' / ... / 'heldout6' (the third to sixth, measured
     without an estimate, each estimated once after the rules are final)."""
+    if name in HELDOUT6:
+        return "heldout6"
     if name in HELDOUT5:
         return "heldout5"
     if name in HELDOUT4:
@@ -215,6 +220,8 @@ def build(name):
         return build_heldout4(name)
     if name in HELDOUT5:
         return build_heldout5(name)
+    if name in HELDOUT6:
+        return build_heldout6(name)
     if name == "mlp":
         x = inp = keras.Input((512,))
         for _ in range(8):
@@ -318,6 +325,8 @@ def cases(name, quick):
         return HELDOUT4[name][:1] if quick else HELDOUT4[name]
     if name in HELDOUT5:
         return HELDOUT5[name][:1] if quick else HELDOUT5[name]
+    if name in HELDOUT6:
+        return HELDOUT6[name][:1] if quick else HELDOUT6[name]
     batches = MODELS[name]
     out = [("base", b) for b in batches]
     if not quick:
@@ -374,7 +383,7 @@ def run_model(name, cases):
                 peaks.append(device_memory()["peak"] - base)
         except Exception as e:
             error = error or f"training failed: {type(e).__name__}"
-        # The third to fifth held-out sets are measured only;
+        # The third to sixth held-out sets are measured only;
         # --reestimate estimates each once the estimator's rules are final.
         est, seconds = (
             (None, None)
@@ -592,7 +601,7 @@ def main():
         return
     only = [a for a in sys.argv[1:] if not a.startswith("--") and a != rule]
     # --design / --heldout / --heldout2 / --heldout3 / --heldout4 /
-    # --heldout5: one set's models
+    # --heldout5 / --heldout6: one set's models
     # only. --again:
     # another run of the named models, measured = the median over the runs.
     if "--design" in sys.argv:
@@ -607,6 +616,8 @@ def main():
         only = only or list(HELDOUT4)
     if "--heldout5" in sys.argv:
         only = only or list(HELDOUT5)
+    if "--heldout6" in sys.argv:
+        only = only or list(HELDOUT6)
     names = only or ALL
     rows = []
     for name in names:
@@ -635,7 +646,7 @@ def main():
         rows += got
         for r in got:
             m = r["measured"]
-            if r["estimate"] is None:  # measured only (sets 3 to 5)
+            if r["estimate"] is None:  # measured only (sets 3 to 6)
                 print(
                     f"{name:19s} {r['variant']:20s} B={r['batch']:5d} "
                     f"measured={(m or 0) / MIB:8.1f} MiB "
@@ -661,6 +672,7 @@ def main():
             "heldout3",
             "heldout4",
             "heldout5",
+            "heldout6",
         ):
             some = [r for r in rows if set_of(r["model"]) == which]
             print(f"without {rule}, {which}: {summarize(some)}")

@@ -1,7 +1,8 @@
 """The sets of `benchmarks/estimator_accuracy.py` (issue #23): the second
 held-out set shares no model with the design set or the first held-out
 set, the third none with any of them, the fourth none with any of the
-four before it, the fifth none with any of the five before it, and a
+four before it, the fifth none with any of the five before it, the
+sixth none with any of the six before it, and a
 case whose setting could not be applied is left out of its set's
 figures. Pure Python: nothing is built or trained."""
 
@@ -80,7 +81,23 @@ def test_fifth_heldout_set_is_new_and_covers_the_settings():
     )
     _check_new_set(bench.HELDOUT5, earlier, "heldout5")
     assert "heldout5" in bench.MEASURE_ONLY
-    assert bench.ALL[-len(bench.HELDOUT5) :] == list(bench.HELDOUT5)
+    assert bench.ALL[-len(bench.HELDOUT5) - len(bench.HELDOUT6) :][
+        : len(bench.HELDOUT5)
+    ] == list(bench.HELDOUT5)
+
+
+def test_sixth_heldout_set_is_new_and_covers_the_settings():
+    earlier = (
+        bench.MODELS,
+        bench.HELDOUT,
+        bench.HELDOUT2,
+        bench.HELDOUT3,
+        bench.HELDOUT4,
+        bench.HELDOUT5,
+    )
+    _check_new_set(bench.HELDOUT6, earlier, "heldout6")
+    assert "heldout6" in bench.MEASURE_ONLY
+    assert bench.ALL[-len(bench.HELDOUT6) :] == list(bench.HELDOUT6)
 
 
 def test_summary_leaves_out_a_case_that_did_not_apply():
