@@ -244,6 +244,12 @@ def held_blocks(model) -> list:
     whole. Its composite children (the blocks) are what to recompute, each
     on its own; at least two, else `[]`.
     """
+    return held_blocks_and_holder(model)[1]
+
+
+def held_blocks_and_holder(model) -> tuple:
+    """`(holder, blocks)` for `held_blocks`: the top-level layer that holds
+    the blocks, and the blocks; `(None, [])` if there are none."""
     ops = [op for op in top_level(model) if isinstance(op, keras.layers.Layer)]
     total = sum(weighted_layers(op) for op in top_level(model))
     for op in ops:
@@ -255,8 +261,8 @@ def held_blocks(model) -> list:
             if is_composite(x)
         ]
         if len(blocks) >= 2:
-            return blocks
-    return []
+            return op, blocks
+    return None, []
 
 
 Predicate = Callable[[keras.layers.Layer], bool]

@@ -49,10 +49,21 @@ def _library_segments(model, segments):
     blocks = []
     try:
         inner = policies.dominant_submodel(model)
-        while inner is not None and len(prefix) < max(segments) - 1:
+        while inner is not None and len(prefix) < 1:
             prefix += (inner.name,)
             model = inner
             inner = policies.dominant_submodel(model)
+        # A layer holding its blocks in a list (keras-hub's `ViTEncoder`):
+        # the library recomputes each block on its own.
+        holder, held = policies.held_blocks_and_holder(model)
+        if held:
+            depth = len(prefix) + 2
+            if depth not in segments:
+                return None
+            known = set(segments[depth][0])
+            segs = [[prefix + (holder.name, b.name)] for b in held]
+            segs = [s for s in segs if s[0] in known]
+            return (segs, depth) if segs else None
         ranges = policies.auto_segments(model)
         ops = policies.top_level(model)
         if ranges:

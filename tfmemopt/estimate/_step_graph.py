@@ -181,7 +181,7 @@ def trace_step(
         depth: _units_at(
             depth, ops[:n_fwd], model_scope, path_of, saved_by_layer, size_of
         )
-        for depth in (1, 2)
+        for depth in (1, 2, 3)
     }
     outputs = list(concrete.graph.outputs)
 
