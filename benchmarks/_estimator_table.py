@@ -175,10 +175,10 @@ SETS = (
         "heldout6",
         "model families in none of the sets above, fixed before it was "
         "measured, measured without an estimate (each case the median of 3 "
-        "runs in fresh processes), to be estimated once with the rules "
-        "final; benchmarks/_estimator_heldout6.py says why each is new; the "
-        "goal of issue #23: median |error| <= 6%, worst <= 12%, no one-sided "
-        "bias",
+        "runs in fresh processes), estimated once with the rules final "
+        "(3ff4a1e); benchmarks/_estimator_heldout6.py says why each is new; "
+        "the goal of issue #23: median |error| <= 6%, worst <= 12%, no "
+        "one-sided bias",
     ),
 )
 
@@ -189,8 +189,8 @@ Before and after issue #23 (held-out measurements: the median of 3 runs,
 each in fresh processes; the same measurements estimated by the estimator
 on main before #23, at be52d2f, at 8b642fb, at 99d2b63 (the design,
 first and second sets read the same at 99d2b63 as at 8b642fb), at
-430888d (identical forward ops merged) and at 69641c4 (the compiled
-loss traced);
+430888d (identical forward ops merged), at 69641c4 (the compiled
+loss traced) and at 3ff4a1e (held blocks cut; no stored case moved);
 docs/estimator.md says what changed):
 
 | set | estimator | n | median abs | worst | signed median | over/under | <15% |
@@ -213,6 +213,7 @@ docs/estimator.md says what changed):
 | held-out 5 | 430888d, once | 29 | 6.5% | 32.6% | -3.2% | 10 / 19 | 20 |
 | held-out 4 | 69641c4 | 28 | 4.4% | 20.1% | -3.4% | 4 / 24 | 24 |
 | held-out 5 | 69641c4 | 29 | 5.9% | 32.6% | -3.2% | 10 / 19 | 21 |
+| held-out 6 | 3ff4a1e, once | 26 | 4.4% | 26.4% | -3.0% | 9 / 17 | 24 |
 
 """
 
