@@ -14,7 +14,7 @@ it from the step's graph instead.
 device), finds the gathered tensors (the outputs of each data
 `CollectiveGatherV2` and every copy, slice, concat, reshape or cast made
 from them up to the whole weight the layer reads: `_gathered_tensors.py`)
-and simulates the step with `_step_graph._simulate`: each tensor allocated
+and simulates the step with `_simulate._simulate`: each tensor allocated
 when its op runs, freed after its last reader, reshapes sharing their
 input's buffer.
 
@@ -53,7 +53,7 @@ from tfmemopt.estimate._gathered_tensors import _whole_weights
 from tfmemopt.estimate._op_orders import _asap
 from tfmemopt.estimate._op_orders import _gathers_first
 from tfmemopt.estimate._op_orders import observed_order
-from tfmemopt.estimate._step_graph import _simulate
+from tfmemopt.estimate._simulate import _simulate
 
 
 class Liveness(NamedTuple):

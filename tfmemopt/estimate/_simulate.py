@@ -1,0 +1,215 @@
+"""Simulating a traced step's memory: the ops run one after another in the
+given order, each output allocated when its op runs (or written into an
+input's buffer, `_IN_PLACE`, or sharing one, `aliases`) and freed after its
+last reader. `_step_graph` traces the step and calls `_simulate` in its
+views (the step, the update consuming each gradient, Grappler's);
+`_gathered_liveness` in the orders a sharded step may run in."""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from tfmemopt.estimate._kept import _ALIAS
+from tfmemopt.estimate._kept import _FREE
+
+# Element-wise kernels that write their output into an input's buffer when
+# nothing else holds that input (`forward_input_or_allocate_output`):
+# measured on CPU, the gradient of GlobalAveragePooling1D (Tile, then
+# RealDiv) held one 128 MiB buffer, not two. The softmax cross-entropy
+# kernels (`xent_op.cc`, `sparse_xent_op.cc`) write their second output,
+# the gradient, into the logits' buffer the same way: in the allocator
+# trace of a GPT-2 step (batch 32 x 128 tokens, 4000 words) the 62.5 MiB
+# logits' chunk was the only one of that size at the peak.
+_IN_PLACE = {
+    "Abs",
+    "Add",
+    "AddN",
+    "AddV2",
+    "BiasAdd",
+    "Div",
+    "DivNoNan",
+    "Elu",
+    "EluGrad",
+    "Erf",
+    "Exp",
+    "LeakyRelu",
+    "LeakyReluGrad",
+    "Log",
+    "Maximum",
+    "Minimum",
+    "Mul",
+    "Neg",
+    "RealDiv",
+    "Reciprocal",
+    "Relu",
+    "Relu6",
+    "Relu6Grad",
+    "ReluGrad",
+    "Rsqrt",
+    "RsqrtGrad",
+    "Selu",
+    "SeluGrad",
+    "Sigmoid",
+    "SigmoidGrad",
+    "SoftmaxCrossEntropyWithLogits",
+    "Softplus",
+    "SparseSoftmaxCrossEntropyWithLogits",
+    "Sqrt",
+    "Square",
+    "SquaredDifference",
+    "Sub",
+    "Tanh",
+    "TanhGrad",
+}
+
+
+def _reusable_input(op, i, n, last, keep, buffer_of, holders, size):
+    """The buffer an element-wise op `i` writes its output into, or None:
+    an input of the same size that only this op reads and nothing else
+    holds (not a graph input, a variable or a kept output), the first such
+    in input order (`forward_input_or_allocate_output` tries each
+    candidate: the gradient of a softmax cross-entropy, `Mul` of the
+    broadcast loss gradient and the kernel's 62.5 MiB gradient, took the
+    latter's buffer; the first, smaller input was taken and the output
+    counted anew). An input with several readers is not taken: the
+    executor runs ready ops on several threads, so another reader may
+    still hold it when this op runs."""
+    if op.type not in _IN_PLACE or not n:
+        return None
+    for u in op.inputs:
+        if last.get(u.name) != i or u.name in keep:
+            continue
+        if len(u.consumers()) != 1:
+            continue
+        if u.op.type in ("Placeholder", "ReadVariableOp", "Const"):
+            continue
+        src = buffer_of.get(u.name)
+        if src is not None and holders.get(src) == {u.name}:
+            if size.get(src) == n:
+                return src
+    return None
+
+
+def _read_names(tensors, aliases):
+    """The names an op's reads release: each tensor's, and those of the
+    tensors whose buffer it shares (`aliases`, followed to the end)."""
+    names = []
+    for t in tensors:
+        name = t.name
+        names.append(name)
+        while name in aliases:
+            name = aliases[name]
+            names.append(name)
+    return names
+
+
+def _event_key(name, lists):
+    """An event's key: `("list", name)` for a loop's TensorList."""
+    return ("list", name) if name in lists else name
+
+
+def _simulate(
+    ops,
+    outputs,
+    size_of,
+    aliases,
+    scratch=None,
+    events=None,
+    consumed=None,
+    at_peak=None,
+    in_place=True,
+):
+    """Peak live bytes when `ops` run in order, freeing after last use.
+
+    `aliases` maps a tensor to the tensor whose buffer it shares (a while
+    loop's pass-through TensorLists), besides the ops in `_ALIAS`.
+    `scratch(op)`: bytes the op's kernel holds on top while it runs.
+    TensorFlow's executor runs ready ops on several inter-op threads: two
+    ops that read the same tensor and do not read each other (the two
+    gradients of a matmul or an einsum, both waiting for the same incoming
+    gradient) run at once, so the scratch of the one before counts too.
+    `in_place=False`: no output takes an input's buffer (Grappler's view).
+    """
+    last = {}
+    for i, op in enumerate(ops):
+        for t in op.inputs:
+            last[t.name] = i
+            name = t.name
+            while name in aliases:  # its buffer is read here too
+                name = aliases[name]
+                last[name] = i
+    consumed = consumed or {}
+    keep = {t.name for t in outputs if t.name not in consumed}
+    buffer_of, size, holders = {}, {}, {}
+    lists = set()
+    live = peak = 0
+    sibling = None  # (inputs, outputs, scratch) of the last op with scratch
+    for i, op in enumerate(ops):
+        for t in op.outputs:
+            if t.name not in last and t.name not in keep:
+                if t.name not in consumed:
+                    continue
+            shared = aliases.get(t.name)
+            if shared is None and op.type in _ALIAS and op.inputs:
+                shared = op.inputs[0].name
+            if shared is not None:
+                src = buffer_of.get(shared)
+                if src is not None and src in holders:
+                    buffer_of[t.name] = src
+                    holders[src].add(t.name)
+                    continue
+            if op.type in _FREE:
+                continue
+            n = size_of(t) or 0
+            reused = None
+            if in_place:
+                reused = _reusable_input(
+                    op, i, n, last, keep, buffer_of, holders, size
+                )
+            if reused is not None:
+                buffer_of[t.name] = reused
+                holders[reused].add(t.name)
+                continue
+            buffer_of[t.name] = t.name
+            size[t.name] = n
+            holders[t.name] = {t.name}
+            live += n
+            if events is not None and n:
+                if t.dtype == tf.variant:  # a loop's list: its elements
+                    lists.add(t.name)  # are allocated one by one
+                events.append((_event_key(t.name, lists), n))
+        extra = scratch(op) if scratch else 0
+        if extra:
+            reads = {t.name for t in op.inputs if t.op.type not in _FREE}
+            if sibling and reads & sibling[0] and not reads & sibling[1]:
+                extra += sibling[2]
+            sibling = (reads, {t.name for t in op.outputs}, scratch(op))
+            if events is not None:
+                events += [(("scratch", i), extra), (("scratch", i), None)]
+        if at_peak is not None and live + extra > peak:
+            at_peak.clear()
+            at_peak.update(holders)
+        peak = max(peak, live + extra)
+        done = [t for t in op.outputs if t.name in consumed]
+        for t in done:
+            temps = [n for n in consumed[t.name] if n]
+            peak = max(peak, live + sum(temps))
+            if events is not None:
+                keys = [("update", t.name, j) for j in range(len(temps))]
+                events += list(zip(keys, temps)) + [(k, None) for k in keys]
+            if t.name not in last:
+                last[t.name] = i  # freed below, with the op's inputs
+        for name in _read_names(list(op.inputs) + done, aliases):
+            if last.get(name) != i or name in keep:
+                continue
+            src = buffer_of.get(name)
+            if src is None or src not in holders:
+                continue
+            holders[src].discard(name)
+            if not holders[src]:
+                n = size.pop(src)
+                live -= n
+                del holders[src]
+                if events is not None and n:
+                    events.append((_event_key(src, lists), None))
+    return peak
