@@ -85,15 +85,19 @@ VARIANTS = ("base", "accumulation=4", "checkpointing=auto", "mixed_bfloat16")
 # benchmarks/_estimator_heldout.py, _estimator_heldout2.py,
 # _estimator_heldout3.py, _estimator_heldout4.py, _estimator_heldout5.py and
 # _estimator_heldout6.py, with why each family is held out.
-ALL = (
-    list(MODELS)
-    + list(HELDOUT)
-    + list(HELDOUT2)
-    + list(HELDOUT3)
-    + list(HELDOUT4)
-    + list(HELDOUT5)
-    + list(HELDOUT6)
-)
+# The held-out sets in the order they were made: name -> (model -> cases,
+# builder).
+HELDOUT_SETS = {
+    "heldout": (HELDOUT, build_heldout),
+    "heldout2": (HELDOUT2, build_heldout2),
+    "heldout3": (HELDOUT3, build_heldout3),
+    "heldout4": (HELDOUT4, build_heldout4),
+    "heldout5": (HELDOUT5, build_heldout5),
+    "heldout6": (HELDOUT6, build_heldout6),
+}
+ALL = list(MODELS) + [
+    name for models, _ in HELDOUT_SETS.values() for name in models
+]
 # The sets measured without an estimate until their one re-estimate.
 MEASURE_ONLY = ("heldout3", "heldout4", "heldout5", "heldout6")
 
@@ -104,17 +108,10 @@ def set_of(name):
     measured once after it was fixed, used since to diagnose) or
     'heldout3' / ... / 'heldout6' (the third to sixth, measured
     without an estimate, each estimated once after the rules are final)."""
-    if name in HELDOUT6:
-        return "heldout6"
-    if name in HELDOUT5:
-        return "heldout5"
-    if name in HELDOUT4:
-        return "heldout4"
-    if name in HELDOUT3:
-        return "heldout3"
-    if name in HELDOUT2:
-        return "heldout2"
-    return "heldout" if name in HELDOUT else "design"
+    for which, (models, _) in HELDOUT_SETS.items():
+        if name in models:
+            return which
+    return "design"
 
 
 def _keras_io_layers():
@@ -210,18 +207,9 @@ def build(name):
     import keras
     from keras import layers
 
-    if name in HELDOUT:
-        return build_heldout(name)
-    if name in HELDOUT2:
-        return build_heldout2(name)
-    if name in HELDOUT3:
-        return build_heldout3(name)
-    if name in HELDOUT4:
-        return build_heldout4(name)
-    if name in HELDOUT5:
-        return build_heldout5(name)
-    if name in HELDOUT6:
-        return build_heldout6(name)
+    which = set_of(name)
+    if which != "design":
+        return HELDOUT_SETS[which][1](name)
     if name == "mlp":
         x = inp = keras.Input((512,))
         for _ in range(8):
@@ -315,18 +303,10 @@ def build(name):
 
 
 def cases(name, quick):
-    if name in HELDOUT:
-        return HELDOUT[name][:1] if quick else HELDOUT[name]
-    if name in HELDOUT2:
-        return HELDOUT2[name][:1] if quick else HELDOUT2[name]
-    if name in HELDOUT3:
-        return HELDOUT3[name][:1] if quick else HELDOUT3[name]
-    if name in HELDOUT4:
-        return HELDOUT4[name][:1] if quick else HELDOUT4[name]
-    if name in HELDOUT5:
-        return HELDOUT5[name][:1] if quick else HELDOUT5[name]
-    if name in HELDOUT6:
-        return HELDOUT6[name][:1] if quick else HELDOUT6[name]
+    which = set_of(name)
+    if which != "design":
+        table = HELDOUT_SETS[which][0][name]
+        return table[:1] if quick else table
     batches = MODELS[name]
     out = [("base", b) for b in batches]
     if not quick:
@@ -604,20 +584,11 @@ def main():
     # --heldout5 / --heldout6: one set's models
     # only. --again:
     # another run of the named models, measured = the median over the runs.
-    if "--design" in sys.argv:
-        only = only or list(MODELS)
-    if "--heldout" in sys.argv:
-        only = only or list(HELDOUT)
-    if "--heldout2" in sys.argv:
-        only = only or list(HELDOUT2)
-    if "--heldout3" in sys.argv:
-        only = only or list(HELDOUT3)
-    if "--heldout4" in sys.argv:
-        only = only or list(HELDOUT4)
-    if "--heldout5" in sys.argv:
-        only = only or list(HELDOUT5)
-    if "--heldout6" in sys.argv:
-        only = only or list(HELDOUT6)
+    sets = {"design": MODELS}
+    sets.update((which, models) for which, (models, _) in HELDOUT_SETS.items())
+    for which, models in sets.items():
+        if f"--{which}" in sys.argv:
+            only = only or list(models)
     names = only or ALL
     rows = []
     for name in names:
@@ -665,15 +636,7 @@ def main():
             )
         print(f"  ({time.time() - t0:.0f} s)", flush=True)
     if rule:
-        for which in (
-            "design",
-            "heldout",
-            "heldout2",
-            "heldout3",
-            "heldout4",
-            "heldout5",
-            "heldout6",
-        ):
+        for which in ("design", *HELDOUT_SETS):
             some = [r for r in rows if set_of(r["model"]) == which]
             print(f"without {rule}, {which}: {summarize(some)}")
         return
