@@ -60,6 +60,8 @@ Variants: `base` (Adam) at two batch sizes, and at the larger one two of
 
 from __future__ import annotations
 
+from _keras_hub_lm import tied_lm
+
 # name -> [(variant, batch), ...]
 HELDOUT4 = {
     "patch_transformer": [
@@ -257,15 +259,5 @@ def build_heldout4(name):
             intermediate_dim=1024,
             head_dim=64,
         )
-        inputs = {
-            kind: keras.Input((128,), dtype="int32", name=kind)
-            for kind in ("token_ids", "padding_mask")
-        }
-        h = backbone(inputs)
-        logits = backbone.token_embedding(h, reverse=True)
-        return (
-            inputs,
-            layers.Activation("linear", dtype="float32")(logits),
-            True,
-        )
+        return tied_lm(backbone)
     raise ValueError(name)

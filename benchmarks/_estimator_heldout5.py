@@ -80,6 +80,8 @@ MiB per sample.
 
 from __future__ import annotations
 
+from _keras_hub_lm import tied_lm
+
 # name -> [(variant, batch), ...]
 HELDOUT5 = {
     "tcn": [
@@ -281,15 +283,5 @@ def build_heldout5(name):
             hidden_dim=256,
             intermediate_dim=1024,
         )
-        inputs = {
-            kind: keras.Input((128,), dtype="int32", name=kind)
-            for kind in ("token_ids", "padding_mask")
-        }
-        h = backbone(inputs)
-        logits = backbone.token_embedding(h, reverse=True)
-        return (
-            inputs,
-            layers.Activation("linear", dtype="float32")(logits),
-            True,
-        )
+        return tied_lm(backbone)
     raise ValueError(name)

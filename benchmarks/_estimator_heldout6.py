@@ -84,6 +84,8 @@ sample (the 128 x 4000 logits are 2 MiB).
 
 from __future__ import annotations
 
+from _keras_hub_lm import tied_lm
+
 # name -> [(variant, batch), ...]
 HELDOUT6 = {
     "mobilenetv1_64": [
@@ -266,15 +268,5 @@ def build_heldout6(name):
             intermediate_dim=1024,
             max_sequence_length=128,
         )
-        inputs = {
-            kind: keras.Input((128,), dtype="int32", name=kind)
-            for kind in ("token_ids", "padding_mask")
-        }
-        h = backbone(inputs)
-        logits = backbone.token_embedding(h, reverse=True)
-        return (
-            inputs,
-            layers.Activation("linear", dtype="float32")(logits),
-            True,
-        )
+        return tied_lm(backbone)
     raise ValueError(name)
