@@ -49,10 +49,8 @@ def _library_segments(model, segments):
     blocks = []
     try:
         inner = policies.dominant_submodel(model)
-        while inner is not None and len(prefix) < 1:
-            prefix += (inner.name,)
-            model = inner
-            inner = policies.dominant_submodel(model)
+        if inner is not None:  # the library segments the backbone
+            prefix, model = (inner.name,), inner
         # A layer holding its blocks in a list (keras-hub's `ViTEncoder`):
         # the library recomputes each block on its own.
         holder, held = policies.held_blocks_and_holder(model)

@@ -101,6 +101,14 @@ def _ops_that_run_in(concrete, n_fwd: int, loss: str):
     return ops, sum(1 for op in all_ops[:n_fwd] if op.name in run)
 
 
+def _stateful(op) -> bool:
+    """Whether `op` is registered stateful; a graph function counts so."""
+    try:
+        return op.op_def.is_stateful
+    except (KeyError, ValueError, AttributeError):  # a graph function
+        return True
+
+
 def _ops_that_run(ops, outputs, roots=()) -> set:
     """Names of the ops the step runs: what the gradients and `roots` (the
     loss) depend on, and the stateful ops (variable updates such as
@@ -116,13 +124,7 @@ def _ops_that_run(ops, outputs, roots=()) -> set:
     kept: +55%).
     """
 
-    def stateful(op):
-        try:
-            return op.op_def.is_stateful
-        except (KeyError, ValueError, AttributeError):  # a graph function
-            return True
-
-    stack = [t.op for t in outputs] + [op for op in ops if stateful(op)]
+    stack = [t.op for t in outputs] + [op for op in ops if _stateful(op)]
     stack += list(roots)
     run = set()
     while stack:
