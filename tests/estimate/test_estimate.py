@@ -280,22 +280,28 @@ def test_sparse_gradient_update_makes_a_tensor_of_its_values():
     assert rows.per_weight[1] == plain.per_weight[1]
 
 
-def test_checkpointing_keeps_boundaries_plus_largest_segment():
+def test_checkpointing_keeps_boundaries_recomputes_one_segment():
     model = _mlp(width=256, depth=16)
     plain = estimate_memory(model, 256)
     auto = estimate_memory(model, 256, checkpointing="auto")
     blocks = estimate_memory(model, 256, checkpointing="blocks")
     per_layer = 256 * 256 * F32
-    # 17 Dense layers, 4 per segment -> 5 segments: 4 boundaries + the
-    # largest segment (4 layers) instead of 16 hidden outputs.
-    assert plain.activations - auto.activations == pytest.approx(
-        (16 - 4 - 4) * per_layer, rel=0.05
-    )
-    assert auto.activations < 0.6 * plain.activations
-    # One layer per segment keeps every boundary: it saves nothing (the
-    # measured trap in PITFALLS.md), and the estimate says so.
+    # 17 Dense layers, 4 per segment -> 5 segments (the library's cut,
+    # traced): the backward pass keeps the 4 boundaries; a segment's 4
+    # hidden outputs are recomputed, one segment at a time.
+    assert auto.activations == pytest.approx(4 * per_layer, rel=0.05)
+    assert plain.total - auto.total >= 6 * per_layer
+    # The same segments by rule (4 layers each): boundaries plus the
+    # largest segment kept; the traced step agrees on the total.
+    rule = estimate_memory(model, 256, checkpointing=4)
+    assert rule.activations == pytest.approx(8 * per_layer, rel=0.05)
+    assert auto.total == pytest.approx(rule.total, rel=0.05)
+    assert any("traced with enable_checkpointing" in n for n in auto.notes)
+    # "blocks" on plain layers: the library selects nothing; by rule one
+    # layer per segment keeps every boundary and saves nothing (the
+    # measured trap in PITFALLS.md), and the estimate says both.
     assert blocks.activations == pytest.approx(plain.activations, rel=0.01)
-    assert any("checkpointing" in n for n in auto.notes)
+    assert any("refuses this model" in n for n in blocks.notes)
 
 
 def _residual(blocks=4, width=64):

@@ -1,7 +1,9 @@
 """The activations term of the estimate: the tensors the traced step keeps
 for the backward pass, with what the graph cannot size (layers sized by
 rule), the 16-bit weight copies a rescaled trace misses, and activation
-checkpointing (segment boundaries plus the largest segment)."""
+checkpointing: traced with the library's recompute (`_checkpointed_trace`)
+or, where it cannot be, by rule (segment boundaries plus the largest
+segment)."""
 
 from __future__ import annotations
 
@@ -45,13 +47,20 @@ def activation_bytes(model, traced, step, rescale, s: Settings, notes) -> int:
             f"{s.policy.name}: {s.compute}-byte activations, float32 "
             "weights, gradients and optimizer state, 16-bit weight copies"
         )
-    if s.checkpointing is not None:
+    if s.checkpoint_traced == "library":
+        notes.append(
+            f"checkpointing {s.checkpointing!r}: {s.checkpoint_segments} "
+            "segments; traced with enable_checkpointing applied (each "
+            "segment's inputs kept; its activations, recomputed in the "
+            "backward pass, counted in temporaries)"
+        )
+    elif s.checkpointing is not None and s.checkpoint_traced is None:
         kept, n_segments, _ = checkpointed_activations(
             step, s.checkpointing, traced
         )
         notes.append(
-            f"checkpointing {s.checkpointing!r}: {n_segments} segments; "
-            "boundaries plus the largest segment (recomputed) kept"
+            f"checkpointing {s.checkpointing!r}: {n_segments} segments, "
+            "by rule: boundaries plus the largest segment (recomputed) kept"
         )
         activations = activations - step.saved + kept
     return activations + unknown_bytes

@@ -182,10 +182,14 @@ def estimate_memory(
         model, chunked_loss, attention
     )
     # Trace first: a subclassed model may create its weights on first call.
-    traced, step, rescale = trace_model(model, s, input_shape, sequence_length)
+    trace_notes = []
+    traced, step, rescale = trace_model(
+        model, s, trace_notes, input_shape, sequence_length
+    )
     trainable = model.trainable_weights
     state = model_state(model, s)
     notes = [f"optimizer: {state.optimizer_how} ({s.opt_source})"]
+    notes += trace_notes
     if s.floor:
         notes.append(
             f"allocations below {format_bytes(s.floor)} not counted "

@@ -50,7 +50,9 @@ class MemoryEstimate:
             the loss keep for the backward pass, and `"attention_scores"`,
             what the `MultiHeadAttention` layers keep (what
             `chunked_loss` and `attention="chunked"` act on), read from
-            the traced step before checkpointing is applied.
+            the traced step (with checkpointing, the checkpointed step:
+            the scores of attention layers inside a recomputed segment
+            are not kept).
         gathered: Int, the whole weights gathered from their shards that
             are alive at the peak (`shard_parameters`; else 0).
         freed: Int, what of the gradients counted above is already freed

@@ -159,6 +159,10 @@ class Settings:
     shard_parameters: bool = False  # weights sharded over the replicas
     chunked_loss: bool = False  # the loss from the head's input, in chunks
     attention: str | None = None  # "chunked": attention in query blocks
+    # How the step was traced checkpointed: "library" (enable_checkpointing
+    # applied for the trace), "model" (its own), None (the rule applies).
+    checkpoint_traced: str | None = None
+    checkpoint_segments: int = 0  # segments the library made
 
 
 # oneDNN's CPU allocator (TF_ENABLE_ONEDNN_OPTS=1) serves allocations below

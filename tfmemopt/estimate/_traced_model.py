@@ -14,6 +14,7 @@ import keras
 from tfmemopt._compat import sublayers
 from tfmemopt.accumulation import Model
 from tfmemopt.estimate import _long_sequences as long_sequences
+from tfmemopt.estimate._checkpointed_trace import library_checkpointing
 from tfmemopt.estimate._model_state import weight_bytes
 from tfmemopt.estimate._optimizer_state import _itemsize
 from tfmemopt.estimate._settings import Settings
@@ -23,7 +24,9 @@ from tfmemopt.estimate._update import consumers
 from tfmemopt.precision._policy_clone import rebuilt_under
 
 
-def trace_model(model, s: Settings, input_shape=None, sequence_length=None):
+def trace_model(
+    model, s: Settings, notes, input_shape=None, sequence_length=None
+):
     """`(traced model, its step graph, whether activations are rescaled)`.
 
     Another policy: trace the model rebuilt under it (Keras keeps some
@@ -33,6 +36,8 @@ def trace_model(model, s: Settings, input_shape=None, sequence_length=None):
     dtype (float32 -> mixed_*); else its float32 activations are scaled. A
     `tfmemopt.Model.wrap(inner)` is traced as `inner` (the same weights and
     graph; the policy rebuild and checkpointing segments need its layers).
+    With `checkpointing`, the library's recompute is traced where it can
+    be (`_checkpointed_trace`); adds notes.
     """
     outer = traced = model
     # The loss the user compiled: a model rebuilt under another policy,
@@ -52,6 +57,21 @@ def trace_model(model, s: Settings, input_shape=None, sequence_length=None):
             swapped = _swap_policies(model, s.policy)
 
     def trace(rescale):
+        try:
+            with library_checkpointing(traced, s, notes):
+                return _plain(rescale)
+        except Exception as e:  # noqa: BLE001 - estimated by rule instead
+            if s.checkpoint_traced != "library":
+                raise
+            s.checkpoint_traced = None
+            notes.append(
+                f"checkpointing {s.checkpointing!r}: the checkpointed step "
+                f"could not be traced ({type(e).__name__}: {e}); estimated "
+                "by rule"
+            )
+            return _plain(rescale)
+
+    def _plain(rescale):
         with long_sequences.options_for_trace(
             outer, traced, s.chunked_loss, s.attention
         ) as owner:

@@ -61,6 +61,8 @@ def _long_sequence_text(best, considered) -> str:
     terms (`MemoryEstimate.terms`)."""
     plain = [c for c in considered if not c.get("chunked_loss")]
     plain = [c for c in plain if not c.get("attention")] or considered
+    # A checkpointed step keeps no scores inside its recomputed segments.
+    plain = [c for c in plain if c["checkpointing"] is None] or plain
     terms = min(plain, key=lambda c: c["peak"]).get("terms", {})
     said = []
     if best.get("chunked_loss"):

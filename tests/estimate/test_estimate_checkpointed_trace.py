@@ -1,0 +1,76 @@
+"""`estimate_memory(..., checkpointing="auto")` traces the library's own
+recompute (`enable_checkpointing` applied for the trace and undone): the
+estimate is that of the model checkpointed by the user, and the user's
+model is left as it was (no checkpointing, its traced functions kept)."""
+
+import keras
+import numpy as np
+
+import tfmemopt
+from tfmemopt import estimate_memory
+from tfmemopt.checkpointing import checkpointing_report
+
+
+def _residual(blocks=4, width=128):
+    x = inp = keras.Input((width,))
+    x = keras.layers.Dense(width)(x)
+    for _ in range(blocks):
+        h = keras.layers.Dense(2 * width, activation="gelu")(x)
+        h = keras.layers.Dense(width)(h)
+        x = keras.layers.Add()([x, h])
+    return keras.Model(inp, keras.layers.Dense(1)(x))
+
+
+def test_estimate_is_the_checkpointed_models():
+    keras.utils.set_random_seed(0)
+    model = _residual()
+    model.compile(optimizer="adam", loss="mse")
+    x = np.zeros((8, 128), "float32")
+    model.fit(x, np.zeros((8, 1), "float32"), epochs=1, verbose=0)
+    train_function = model.train_function
+    est = estimate_memory(model, 512, checkpointing="auto")
+    # The user's model: not checkpointed, its traced step kept.
+    assert checkpointing_report(model) is None
+    assert model.train_function is train_function
+    plain = estimate_memory(model, 512)
+    assert est.total < plain.total
+    # The same model checkpointed by the user: the same estimate.
+    report = tfmemopt.enable_checkpointing(model, "auto")
+    own = estimate_memory(model, 512)
+    assert own.total == est.total
+    assert own.activations == est.activations
+    note = next(n for n in est.notes if n.startswith("checkpointing"))
+    assert f"{len(report.segments)} segments" in note
+    # Asked for on top of the model's own: traced as it is, and said.
+    again = estimate_memory(model, 512, checkpointing="auto")
+    assert again.total == est.total
+    assert any("the model's own" in n for n in again.notes)
+    tfmemopt.disable_checkpointing(model)
+
+
+def test_an_int_policy_keeps_the_rule():
+    # `enable_checkpointing` has no "layers per segment" policy.
+    model = _residual(blocks=2, width=64)
+    est = estimate_memory(model, 256, checkpointing=2)
+    assert any("by rule" in n for n in est.notes)
+    assert checkpointing_report(model) is None
+
+
+def test_a_failed_checkpointed_trace_falls_back_to_the_rule(monkeypatch):
+    from tfmemopt.estimate import _traced_model
+
+    model = _residual(blocks=2, width=64)
+    real = _traced_model.trace_step
+    calls = []
+
+    def fails_once(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("cannot trace")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_traced_model, "trace_step", fails_once)
+    est = estimate_memory(model, 256, checkpointing="auto")
+    assert any("could not be traced (RuntimeError" in n for n in est.notes)
+    assert any("by rule" in n for n in est.notes)
+    assert checkpointing_report(model) is None
