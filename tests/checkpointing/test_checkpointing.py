@@ -127,6 +127,44 @@ def test_transformer_kwargs_attention_mask_layernorm_graph_mode():
     assert _max_rel_diff(ref, got) <= 1e-6
 
 
+def test_recompute_waits_for_the_incoming_gradient():
+    # Every recomputed op waits for its segment's incoming gradient, also
+    # the ops that read only weights or seeds (the dropout masks): they
+    # ran as soon as the backward pass began, every segment's at once,
+    # each alive until its segment ran (a checkpointed GPT-2 step's
+    # allocator trace: the first segment's masks beside the second's
+    # backward).
+    model = _transformer(True)
+    (x, mask), y = _transformer_data()
+
+    @tf.function
+    def step(x, mask, y):
+        with tf.GradientTape() as tape:
+            out = model([x, mask], training=True)
+            loss = tf.reduce_mean(tf.square(out - y))
+        return tape.gradient(loss, model.trainable_variables)
+
+    graph = step.get_concrete_function(x, mask, y).graph
+    after_gradient = {}
+
+    def waits(op):  # whether `op` depends on a gradient op
+        if op.name not in after_gradient:
+            after_gradient[op.name] = False  # (no cycles in a graph)
+            ups = [t.op for t in op.inputs] + list(op.control_inputs)
+            after_gradient[op.name] = any(
+                u.name.startswith("gradient_tape/") or waits(u) for u in ups
+            )
+        return after_gradient[op.name]
+
+    ops = graph.get_operations()
+    random = [op for op in ops if op.type == "StatelessRandomUniformV2"]
+    recomputed = [op for op in random if waits(op)]
+    # 2 blocks x 2 dropouts (attention, feed-forward): the forward draws
+    # each mask once and the recompute once more, after the gradient.
+    assert len(random) == 8
+    assert len(recomputed) == 4
+
+
 def test_seed_state_advances_as_without_checkpointing():
     x, y = _data()
     plain, ckpt = _mlp(False), _mlp(True)
