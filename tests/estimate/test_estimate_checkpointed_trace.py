@@ -74,3 +74,18 @@ def test_a_failed_checkpointed_trace_falls_back_to_the_rule(monkeypatch):
     assert any("could not be traced (RuntimeError" in n for n in est.notes)
     assert any("by rule" in n for n in est.notes)
     assert checkpointing_report(model) is None
+
+
+def test_the_recompute_reads_the_weights_without_a_copy():
+    # The recompute's inputs and weights wait for the incoming gradient
+    # through whole-tensor slices, which hand the buffer on: a weight's
+    # costs nothing (it was counted as a copy of each of a segment's
+    # weights: a checkpointed MLP with dropout +13.9%, now +3.3%).
+    model = keras.Sequential(
+        [keras.Input((1024,))]
+        + [keras.layers.Dense(1024, activation="relu") for _ in range(9)]
+    )
+    plain = estimate_memory(model, 8)
+    auto = estimate_memory(model, 8, checkpointing="auto")
+    # Batch 8: the activations are 32 KiB a layer, each weight 4 MiB.
+    assert abs(auto.total - plain.total) < 2**20

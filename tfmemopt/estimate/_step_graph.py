@@ -20,6 +20,8 @@ import dataclasses
 
 from tfmemopt.estimate._dedup import duplicates
 from tfmemopt.estimate._dedup import merged_ops
+from tfmemopt.estimate._gathered_tensors import _identity_slices
+from tfmemopt.estimate._gathered_tensors import _unowned_free
 from tfmemopt.estimate._kept import _kept_for_backward
 from tfmemopt.estimate._kept import _units_at
 from tfmemopt.estimate._kernels import _einsum_copies
@@ -120,7 +122,13 @@ def trace_step(
     size_of, aliases = _size_function(
         concrete, model, model_scope, activation_itemsize, min_counted_bytes
     )
+    # A whole-tensor slice hands its input on (the recompute's waits,
+    # `checkpointing._recompute._after`); one of a weight's read value
+    # (no buffer of the step's own) costs nothing.
+    slices = _identity_slices(run)
     aliases = {**aliases, **same}
+    sim_aliases = {**aliases, **slices}
+    sim_size = _unowned_free(size_of, sim_aliases)
     saved_by_layer, unknown = _kept_for_backward(
         ops[n_fwd:], fwd_names, path_of, size_of, same
     )
@@ -139,8 +147,8 @@ def trace_step(
     peak = _simulate(
         run,
         outputs,
-        size_of,
-        aliases,
+        sim_size,
+        sim_aliases,
         scratch,
         events=None if update is not None else events,
         at_peak=alive,
@@ -148,7 +156,7 @@ def trace_step(
     updating_peak = None
     if update is not None:
         updating_peak = _simulate_updating(
-            model, concrete, run, size_of, aliases, scratch, update, events
+            model, concrete, run, sim_size, sim_aliases, scratch, update, events
         )
 
     # Grappler's own estimate (`GraphMemory::InferStatically`) counts every
