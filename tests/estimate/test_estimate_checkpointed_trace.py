@@ -69,11 +69,16 @@ def test_a_failed_checkpointed_trace_falls_back_to_the_rule(monkeypatch):
             raise RuntimeError("cannot trace")
         return real(*args, **kwargs)
 
+    model.compile(optimizer="adam", loss="mse")
+    x = np.zeros((8, 64), "float32")
+    model.fit(x, np.zeros((8, 1), "float32"), epochs=1, verbose=0)
+    kept = model.train_function
     monkeypatch.setattr(_traced_model, "trace_step", fails_once)
     est = estimate_memory(model, 256, checkpointing="auto")
     assert any("could not be traced (RuntimeError" in n for n in est.notes)
     assert any("by rule" in n for n in est.notes)
     assert checkpointing_report(model) is None
+    assert model.train_function is kept
 
 
 def test_the_recompute_reads_the_weights_without_a_copy():
@@ -89,3 +94,64 @@ def test_the_recompute_reads_the_weights_without_a_copy():
     auto = estimate_memory(model, 8, checkpointing="auto")
     # Batch 8: the activations are 32 KiB a layer, each weight 4 MiB.
     assert abs(auto.total - plain.total) < 2**20
+
+
+class PlainStack(tfmemopt.Model):
+    """A subclassed model of plain layers: `enable_checkpointing` finds
+    no block to recompute, so `"auto"` cannot be applied."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.hidden = [keras.layers.Dense(512, "relu") for _ in range(8)]
+        self.head = keras.layers.Dense(1)
+
+    def call(self, x):
+        for layer in self.hidden:
+            x = layer(x)
+        return self.head(x)
+
+
+def test_a_policy_the_library_refuses_saves_nothing_and_plan_skips_it():
+    model = PlainStack()
+    model(np.zeros((2, 512), "float32"))
+    plain = estimate_memory(model, 512)
+    auto = estimate_memory(model, 512, checkpointing="auto")
+    assert auto.total == plain.total
+    assert any("estimated without checkpointing" in n for n in auto.notes)
+    # The rule promised a saving here; `fit` would raise.
+    p = tfmemopt.plan(model, 512, memory_budget=int(0.85 * plain.total))
+    assert p.checkpointing is None
+
+
+def test_unbuilt_rebuilt_and_nested_models_trace_the_same_step():
+    # Unbuilt: the trace builds it, then traces it checkpointed.
+    def stack():
+        keras.utils.set_random_seed(0)
+        return keras.Sequential(
+            [keras.layers.Dense(256, activation="relu") for _ in range(9)]
+        )
+
+    unbuilt = estimate_memory(
+        stack(), 256, checkpointing="auto", input_shape=(256,)
+    )
+    built = stack()
+    built.build((None, 256))
+    est = estimate_memory(built, 256, checkpointing="auto")
+    assert unbuilt.total == est.total
+    assert any("traced with enable_checkpointing" in n for n in unbuilt.notes)
+    # Rebuilt under another policy: the user's own checkpointing kept.
+    mixed = estimate_memory(
+        built, 256, policy="mixed_bfloat16", checkpointing="auto"
+    )
+    tfmemopt.enable_checkpointing(built, "auto")
+    own = estimate_memory(built, 256, policy="mixed_bfloat16")
+    assert own.total == mixed.total
+    tfmemopt.disable_checkpointing(built)
+    # Enabled by the user on a model inside: traced as it is.
+    inner = _residual(blocks=4, width=64)
+    x = inp = keras.Input((64,))
+    outer = keras.Model(inp, keras.layers.Dense(1)(inner(x)))
+    tfmemopt.enable_checkpointing(inner, "auto")
+    nested = estimate_memory(outer, 256, checkpointing="auto")
+    assert any("the model's own" in n for n in nested.notes)
+    assert checkpointing_report(outer) is None

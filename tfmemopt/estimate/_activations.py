@@ -48,13 +48,18 @@ def activation_bytes(model, traced, step, rescale, s: Settings, notes) -> int:
             "weights, gradients and optimizer state, 16-bit weight copies"
         )
     if s.checkpoint_traced == "library":
+        name = s.checkpointing
+        name = "the model's own" if name is None else repr(name)
         notes.append(
-            f"checkpointing {s.checkpointing!r}: {s.checkpoint_segments} "
+            f"checkpointing {name}: {s.checkpoint_segments} "
             "segments; traced with enable_checkpointing applied (each "
             "segment's inputs kept; its activations, recomputed in the "
             "backward pass, counted in temporaries)"
         )
-    elif s.checkpointing is not None and s.checkpoint_traced is None:
+    elif s.checkpointing is not None and s.checkpoint_traced in (
+        None,
+        "unbuilt",
+    ):
         kept, n_segments, _ = checkpointed_activations(
             step, s.checkpointing, traced
         )

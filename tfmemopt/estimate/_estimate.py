@@ -70,8 +70,11 @@ def estimate_memory(
     - recurrent layers (any `tf.while_loop`): the TensorLists that
       TensorFlow keeps per time step for the backward pass are sized from
       the loop; `trainer` says which gradient tape runs the step;
-    - checkpointing keeps only segment boundaries plus the largest segment
-      (recomputed in the backward pass);
+    - checkpointing `"auto"` / `"blocks"`: the step is traced with
+      `enable_checkpointing` applied (the segments' inputs kept, each
+      segment recomputed in the backward pass); a model it refuses is
+      estimated without saving; an int policy keeps segment boundaries
+      plus the largest segment, by rule;
     - accumulation traces one micro-batch and adds float32 accumulators;
     - `replicas` splits the global batch; each replica holds all weights,
       unless `shard_parameters`: then each keeps 1/R of the weights,

@@ -160,7 +160,8 @@ class Settings:
     chunked_loss: bool = False  # the loss from the head's input, in chunks
     attention: str | None = None  # "chunked": attention in query blocks
     # How the step was traced checkpointed: "library" (enable_checkpointing
-    # applied for the trace), "model" (its own), None (the rule applies).
+    # applied for the trace), "model" (its own), "refused" (the library
+    # refuses the model: no saving), None (the rule applies).
     checkpoint_traced: str | None = None
     checkpoint_segments: int = 0  # segments the library made
 

@@ -14,7 +14,9 @@ import keras
 from tfmemopt._compat import sublayers
 from tfmemopt.accumulation import Model
 from tfmemopt.estimate import _long_sequences as long_sequences
+from tfmemopt.estimate._checkpointed_trace import UndoFailed
 from tfmemopt.estimate._checkpointed_trace import library_checkpointing
+from tfmemopt.estimate._checkpointed_trace import own_report
 from tfmemopt.estimate._model_state import weight_bytes
 from tfmemopt.estimate._optimizer_state import _itemsize
 from tfmemopt.estimate._settings import Settings
@@ -56,19 +58,34 @@ def trace_model(
         ):
             swapped = _swap_policies(model, s.policy)
 
+    own = own_report(model) if traced is not model else None
+
     def trace(rescale):
+        pending = []  # notes kept only if this trace is the one returned
+        step = _checkpointed(rescale, pending)
+        if s.checkpoint_traced == "unbuilt" and traced.built:
+            s.checkpoint_traced = None  # built by that trace: again
+            pending = []
+            step = _checkpointed(rescale, pending)
+        notes.extend(pending)
+        return step
+
+    def _checkpointed(rescale, pending):
+        s.checkpoint_traced, s.checkpoint_segments = None, 0
         try:
-            with library_checkpointing(traced, s, notes):
+            with library_checkpointing(traced, s, pending, own):
                 return _plain(rescale)
+        except UndoFailed:
+            raise
         except Exception as e:  # noqa: BLE001 - estimated by rule instead
             if s.checkpoint_traced != "library":
                 raise
-            s.checkpoint_traced = None
-            notes.append(
+            s.checkpoint_traced, s.checkpoint_segments = None, 0
+            pending[:] = [
                 f"checkpointing {s.checkpointing!r}: the checkpointed step "
                 f"could not be traced ({type(e).__name__}: {e}); estimated "
                 "by rule"
-            )
+            ]
             return _plain(rescale)
 
     def _plain(rescale):
