@@ -375,6 +375,20 @@ def test_subclass_and_wrap_are_exact():
     assert not np.allclose(inner.get_weights()[0], w0[0])
 
 
+@pytest.mark.parametrize("steps", [1, 2])
+def test_unbuilt_subclass_builds_from_a_dataset_of_unknown_batch(steps):
+    # The micro-batch of a batch known only at run time kept no static
+    # dimension: the first call built a Dense kernel of shape (None, 16)
+    # and `fit` raised (a tf.data pipeline's batches are (None, 6)).
+    x, y, _ = data()
+    keras.utils.set_random_seed(7)
+    net = Net(accumulation_steps=steps)
+    net.compile(keras.optimizers.Adam(0.01), sce())
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(12)
+    net.fit(ds, epochs=1, verbose=0)
+    assert [tuple(w.shape) for w in net.weights[:2]] == [(6, 16), (16,)]
+
+
 def test_peak_memory_of_one_micro_batch(step_peak):
     """An activation-dominated MLP: N=8 needs far less than one big batch."""
 

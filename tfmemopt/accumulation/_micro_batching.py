@@ -108,8 +108,12 @@ def slice_batch(structure, start, size):
             [tf.cast(size, tf.int32)] + [tf.constant(-1, tf.int32)] * (rank - 1)
         )
         out = tf.slice(t, begin, sizes)
-        if isinstance(size, int):
-            out.set_shape([size] + t.shape.as_list()[1:])
+        # A slice of a run-time size knows no dimension statically; the
+        # inner ones are the input's (a layer built on the first call
+        # needs them: a Dense kernel of shape (None, 64) cannot be made).
+        batch = size if isinstance(size, int) else None
+        if t.shape.rank is not None:
+            out.set_shape([batch] + t.shape.as_list()[1:])
         return out
 
     return keras.tree.map_structure(_slice, structure)
