@@ -339,6 +339,38 @@ def test_enable_checkpointing_subclassed():
     assert _max_rel_diff(_grads(ref_model, x, y), _grads(model, x, y)) <= 1e-6
 
 
+class TfmNet(tfmemopt.Model):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.blocks = [Block(name=f"sub{i}") for i in range(2)]
+        self.head = keras.layers.Dense(1)
+
+    def call(self, x, training=None):
+        for block in self.blocks:
+            x = block(x, training=training)
+        return self.head(x)
+
+
+@pytest.mark.parametrize("data", ["arrays", "dataset"])
+def test_unbuilt_subclassed_model_is_checkpointed_from_its_first_step(data):
+    # Built by Keras inside the first step's trace, the model was never
+    # checkpointed: it trained with the plain step's memory, no word said.
+    x = _transformer_data()[0][0]
+    y = np.ones((4, 6, 1), "float32")
+    model = TfmNet(checkpointing="auto")
+    model.compile(optimizer="adam", loss="mse")
+    if data == "dataset":
+        model.fit(
+            tf.data.Dataset.from_tensor_slices((x, y)).batch(2),
+            epochs=1,
+            verbose=0,
+        )
+    else:
+        model.fit(x, y, batch_size=2, epochs=1, verbose=0)
+    report = checkpointing_report(model)
+    assert report is not None and report.segments == [["sub0"], ["sub1"]]
+
+
 @pytest.mark.slow
 def test_keras_applications_mobilenet():
     def build():
