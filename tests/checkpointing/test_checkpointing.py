@@ -313,9 +313,11 @@ def test_auto_cuts_where_only_a_padding_mask_also_carries_on():
     assert _max_rel_diff(_grads(plain, tokens, y), got) <= 1e-6
 
 
-class Net(keras.Model):
-    def __init__(self):
-        super().__init__()
+class TwoBlocks:
+    """Two `Block`s and a head; mixed into a Keras or a tfmemopt model."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
         self.blocks = [Block(name=f"sub{i}") for i in range(2)]
         self.head = keras.layers.Dense(1)
 
@@ -323,6 +325,10 @@ class Net(keras.Model):
         for block in self.blocks:
             x = block(x, training=training)
         return self.head(x)
+
+
+class Net(TwoBlocks, keras.Model):
+    pass
 
 
 def test_enable_checkpointing_subclassed():
@@ -339,16 +345,8 @@ def test_enable_checkpointing_subclassed():
     assert _max_rel_diff(_grads(ref_model, x, y), _grads(model, x, y)) <= 1e-6
 
 
-class TfmNet(tfmemopt.Model):
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self.blocks = [Block(name=f"sub{i}") for i in range(2)]
-        self.head = keras.layers.Dense(1)
-
-    def call(self, x, training=None):
-        for block in self.blocks:
-            x = block(x, training=training)
-        return self.head(x)
+class TfmNet(TwoBlocks, tfmemopt.Model):
+    pass
 
 
 @pytest.mark.parametrize("data", ["arrays", "dataset"])

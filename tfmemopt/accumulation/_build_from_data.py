@@ -12,6 +12,8 @@ read: an array's shape, a dataset's `element_spec`).
 
 from __future__ import annotations
 
+import warnings
+
 import keras
 import numpy as np
 import tensorflow as tf
@@ -59,3 +61,21 @@ def build_from_data(model, x) -> bool:
     except Exception:  # noqa: BLE001 - the caller warns
         return False
     return model.built
+
+
+def build_for_options(model, x) -> None:
+    """Builds an unbuilt `tfmemopt.Model` from `fit`'s `x` when options
+    wait for it to be built; warns where it cannot."""
+    waiting = model._checkpointing_policy is not None or any(
+        model._long_sequences
+    )
+    if model.built or not waiting:
+        return
+    if not build_from_data(model, x):
+        warnings.warn(
+            f"{type(model).__name__} is not built and could not be "
+            "built from the data given to fit, so checkpointing= / "
+            "chunked_loss= / attention= are not applied to it. Build "
+            "it first: call it on a batch, or model.build(shape).",
+            stacklevel=3,
+        )

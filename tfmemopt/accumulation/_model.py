@@ -11,8 +11,6 @@ several outputs and short batches.
 
 from __future__ import annotations
 
-import warnings
-
 import keras
 
 from tfmemopt._compat import functional_class
@@ -20,7 +18,7 @@ from tfmemopt._utils import check_int
 from tfmemopt.accumulation import _fit_hooks
 from tfmemopt.accumulation import _model_saving as saving
 from tfmemopt.accumulation import _window
-from tfmemopt.accumulation._build_from_data import build_from_data
+from tfmemopt.accumulation._build_from_data import build_for_options
 from tfmemopt.accumulation._micro_batching import plan_micro_batches
 from tfmemopt.accumulation._micro_batching import static_batch_size
 from tfmemopt.accumulation._model_compile import loss_scaled
@@ -351,7 +349,7 @@ class Model(_dist.FitFixes, keras.Model):
 
     def fit(self, *args, **kwargs):
         self._check_own_train_step()
-        self._build_for_options(args[0] if args else kwargs.get("x"))
+        build_for_options(self, args[0] if args else kwargs.get("x"))
         if self.built:
             self._ensure_long_sequences()
         longseq.check_compiled(self, self._long_sequences[0])
@@ -360,22 +358,6 @@ class Model(_dist.FitFixes, keras.Model):
         # The OOM report (tfmemopt.tuning) registers here: see _fit_hooks.
         with _fit_hooks.around_fit(self, args, kwargs):
             return super().fit(*args, **kwargs)
-
-    def _build_for_options(self, x):
-        """Builds an unbuilt model from `x` when options wait for it."""
-        waiting = self._checkpointing_policy is not None or any(
-            self._long_sequences
-        )
-        if self.built or not waiting:
-            return
-        if not build_from_data(self, x):
-            warnings.warn(
-                f"{type(self).__name__} is not built and could not be "
-                "built from the data given to fit, so checkpointing= / "
-                "chunked_loss= / attention= are not applied to it. Build "
-                "it first: call it on a batch, or model.build(shape).",
-                stacklevel=3,
-            )
 
     def train_on_batch(self, *args, **kwargs):
         self._check_own_train_step()
