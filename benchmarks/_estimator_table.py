@@ -184,17 +184,18 @@ SETS = (
         "heldout7",
         "model families in none of the sets above, fixed before it was "
         "measured, measured without an estimate (each case the median of 3 "
-        "runs in fresh processes), to be estimated once with the rules "
-        "final; benchmarks/_estimator_heldout7.py says why each is new; the "
-        "goal of issue #23: median |error| <= 6%, worst <= 12%, no "
+        "runs in fresh processes), estimated once with checkpointing traced "
+        "(8bd9124); benchmarks/_estimator_heldout7.py says why each is new; "
+        "the goal of issue #23: median |error| <= 6%, worst <= 12%, no "
         "one-sided bias",
     ),
     (
         "heldout8",
         "model families in none of the sets above, fixed before it was "
         "measured, measured without an estimate (each case the median of 3 "
-        "runs in fresh processes), to be estimated once with the rules "
-        "final; benchmarks/_estimator_heldout8.py says why each is new; the "
+        "runs in fresh processes), estimated once with 3f3399f's rules "
+        "(ed2d973), shown with what needs nothing of the batch replayed "
+        "first; benchmarks/_estimator_heldout8.py says why each is new; the "
         "goal of issue #23: median |error| <= 6%, worst <= 12%, no "
         "one-sided bias",
     ),

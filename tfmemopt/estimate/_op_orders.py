@@ -1,4 +1,5 @@
-"""The orders one replica's step ops may run in, for
+"""The orders a step's ops may run in: `roots_first` (the step's replay,
+`_step_graph`: what needs nothing of the batch first), and for
 `_gathered_liveness`: `asap` (each op as soon as its inputs allow),
 `gathers_first` (an executor that lets all-gathers run ahead of the
 compute) and `observed_order` (the order a profiled run started them).
@@ -9,6 +10,39 @@ from __future__ import annotations
 import heapq
 
 from tfmemopt.estimate._gathered_tensors import _is_data_gather
+
+
+def roots_first(ops, captured) -> list:
+    """`ops` with those that need nothing of the step's batch first.
+
+    TensorFlow's executor starts every node whose inputs are ready when the
+    step starts: constants and what the function captures (the variables'
+    handles). An op that reads only those (a weight's cast or transpose, a
+    mask or bias built from constants, the loss gradient's broadcast of a
+    constant) is ready at once and runs while the forward pass has barely
+    begun; its output is held from there to its last reader, not made
+    just before it. Measured (allocator trace of ESPCN at batch 32): the
+    loss gradient's two broadcasts, 4.5 and 13.5 MiB, were allocated
+    before the first convolution's output. `captured`: the names of the
+    captures' placeholder ops. Each group keeps its order.
+    """
+    early = {}
+    for op in ops:  # creation order is topological
+        preds = [t.op for t in op.inputs] + list(op.control_inputs)
+        if op.type == "Placeholder":
+            early[op.name] = op.name in captured
+        else:
+            early[op.name] = all(
+                early.get(
+                    p.name,
+                    p.type == "Const"
+                    or (p.type == "Placeholder" and p.name in captured),
+                )
+                for p in preds
+            )
+    return [op for op in ops if early[op.name]] + [
+        op for op in ops if not early[op.name]
+    ]
 
 
 def _asap(ops) -> list:

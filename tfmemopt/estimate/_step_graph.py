@@ -9,7 +9,8 @@ activation memory is allocated; `_step_trace` traces and reads it), then:
   every op is covered: Dense, Conv, normalisation, Dropout masks, attention
   scores, embedding gathers, ...);
 - attributes them to the layer whose name scope produced them;
-- simulates the step in graph order with reference counts (a tensor is freed
+- simulates the step in graph order, what needs nothing of the batch
+  first (`roots_first`), with reference counts (a tensor is freed
   after its last reader; aliases such as Reshape share their input's
   buffer) to get the peak of live bytes.
 """
@@ -25,6 +26,7 @@ from tfmemopt.estimate._gathered_tensors import _unowned_free
 from tfmemopt.estimate._kept import _kept_for_backward
 from tfmemopt.estimate._kept import _units_at
 from tfmemopt.estimate._kernels import _einsum_copies
+from tfmemopt.estimate._op_orders import roots_first
 from tfmemopt.estimate._simulate import _simulate
 from tfmemopt.estimate._step_trace import _model_scope
 from tfmemopt.estimate._step_trace import _nbytes
@@ -117,6 +119,9 @@ def trace_step(
     same = duplicates(ops, fwd_names)
     merged = merged_ops(same)
     run = [op for op in ops if op.name not in merged]
+    # What needs nothing of the batch runs as the step starts.
+    captured = {t.op.name for t in concrete.graph.internal_captures}
+    run = roots_first(run, captured)
     path_of = _path_function(model)
     model_scope = _model_scope(model, ops[:n_fwd], path_of)
     size_of, aliases = _size_function(
