@@ -12,6 +12,11 @@ import heapq
 from tfmemopt.estimate._gathered_tensors import _is_data_gather
 
 
+def _preds(op) -> list:
+    """The ops `op` waits for: its inputs' and its control inputs."""
+    return [t.op for t in op.inputs] + list(op.control_inputs)
+
+
 def roots_first(ops, captured) -> list:
     """`ops` with those that need nothing of the step's batch first.
 
@@ -27,19 +32,17 @@ def roots_first(ops, captured) -> list:
     captures' placeholder ops. Each group keeps its order.
     """
     early = {}
+
+    def at_start(p):  # an op before `ops`, or one already seen
+        if p.name in early:
+            return early[p.name]
+        return p.type == "Const" or p.name in captured
+
     for op in ops:  # creation order is topological
-        preds = [t.op for t in op.inputs] + list(op.control_inputs)
         if op.type == "Placeholder":
             early[op.name] = op.name in captured
         else:
-            early[op.name] = all(
-                early.get(
-                    p.name,
-                    p.type == "Const"
-                    or (p.type == "Placeholder" and p.name in captured),
-                )
-                for p in preds
-            )
+            early[op.name] = all(at_start(p) for p in _preds(op))
     return [op for op in ops if early[op.name]] + [
         op for op in ops if not early[op.name]
     ]
@@ -50,9 +53,8 @@ def _asap(ops) -> list:
     index = {op.name: i for i, op in enumerate(ops)}
     depth = {}
     for op in ops:  # creation order is topological
-        preds = [t.op for t in op.inputs] + list(op.control_inputs)
         depth[op.name] = 1 + max(
-            (depth.get(p.name, 0) for p in preds if p.name in index),
+            (depth.get(p.name, 0) for p in _preds(op) if p.name in index),
             default=0,
         )
     return sorted(ops, key=lambda op: (depth[op.name], index[op.name]))
@@ -65,12 +67,7 @@ def _gathers_first(ops, gathered) -> list:
     layers' compute, as TF's did in a profiled step."""
     index = {op.name: i for i, op in enumerate(ops)}
     preds = {
-        op.name: {
-            p.name
-            for p in [t.op for t in op.inputs] + list(op.control_inputs)
-            if p.name in index
-        }
-        for op in ops
+        op.name: {p.name for p in _preds(op) if p.name in index} for op in ops
     }
     first = {
         op.name
@@ -117,7 +114,7 @@ def observed_order(ops, started: dict) -> list:
     index = {op.name: i for i, op in enumerate(ops)}
     readers = {op.name: [] for op in ops}
     for op in ops:
-        for p in [t.op for t in op.inputs] + list(op.control_inputs):
+        for p in _preds(op):
             if p.name in index:
                 readers[p.name].append(op.name)
     down = {}
@@ -129,8 +126,7 @@ def observed_order(ops, started: dict) -> list:
             down[op.name] = min(later) if later else None
     at = {}
     for op in ops:
-        preds = [t.op for t in op.inputs] + list(op.control_inputs)
-        up = max((at[p.name] for p in preds if p.name in at), default=None)
+        up = max((at[p.name] for p in _preds(op) if p.name in at), default=None)
         own = down[op.name] if down[op.name] is not None else up
         if own is None:
             own = min(started.values(), default=0)

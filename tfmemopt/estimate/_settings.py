@@ -161,7 +161,8 @@ class Settings:
     attention: str | None = None  # "chunked": attention in query blocks
     # How the step was traced checkpointed: "library" (enable_checkpointing
     # applied for the trace), "model" (its own), "refused" (the library
-    # refuses the model: no saving), None (the rule applies).
+    # refuses the model: no saving), "unbuilt" (traced once to build it,
+    # then again checkpointed), None (the rule applies).
     checkpoint_traced: str | None = None
     checkpoint_segments: int = 0  # segments the library made
 
