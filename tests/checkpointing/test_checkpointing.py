@@ -539,9 +539,11 @@ def test_auto_saves_memory_in_graph_fit(step_peak):
     for ckpt in (False, True):
         model = _dense_stack(ckpt)
         model.fit(x, y, batch_size=batch, verbose=0)  # trace outside
-        peaks[ckpt] = min(
-            step_peak(lambda: model.fit(x, y, batch_size=batch, verbose=0))
-            for _ in range(2)
+        # The smallest of 4 steps: under a loaded CI worker the smaller of 2
+        # steps of the checkpointed model read 18.0 MiB, where it reads
+        # 12.5-14.5 alone (executor timing, or another thread's tensor).
+        peaks[ckpt] = step_peak(
+            lambda: model.fit(x, y, batch_size=batch, verbose=0), repeats=4
         )
     # measured 0.5x at full size; generous for the small model
     assert peaks[True] <= 0.75 * peaks[False], peaks
