@@ -105,7 +105,7 @@ def test_each_gradient_is_freed_by_its_update_before_the_next(optimizer, temps):
 def _three_readers():
     # `h` has three readers: its gradient is a sum of three (AddN). A
     # small head: the loss gradient's broadcast is made as the step starts
-    # (`roots_first`), and one as wide as `h` would hold the peak in the
+    # (the executor's order), and one as wide as `h` would hold the peak in the
     # forward pass, away from the sum.
     inp = keras.Input((1024,))
     h = keras.layers.Dense(1024)(inp)

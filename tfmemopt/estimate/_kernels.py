@@ -59,6 +59,12 @@ _REWRITE_SHARE = 0.8
 CPU_DEVICE_BYTES = 256 << 20
 
 
+def sums_rewritten(grappler_peak: int, device_bytes: int = CPU_DEVICE_BYTES):
+    """Whether Grappler rewrites the step's large gradient sums: its own
+    estimate of the step's peak is above 0.8 of `device_bytes`."""
+    return grappler_peak > _REWRITE_SHARE * device_bytes
+
+
 def rewritten_sum_zeros(step, device_bytes: int = CPU_DEVICE_BYTES) -> int:
     """Bytes of zeros that Grappler's rewrite of the step's gradient sums
     keeps for the whole run (constant-folded, allocated once): the sums with
@@ -69,6 +75,6 @@ def rewritten_sum_zeros(step, device_bytes: int = CPU_DEVICE_BYTES) -> int:
     Measured on CPU: the CNN at batch 512 (peak about 330 MiB) kept 64 MiB
     of zeros of its largest 3-input sum (`AddN_5/tmp_var_zeros`), at
     batches 32 and 128 none."""
-    if step.grappler_peak <= _REWRITE_SHARE * device_bytes:
+    if not sums_rewritten(step.grappler_peak, device_bytes):
         return 0
     return sum(step.sums_at_peak)

@@ -1,6 +1,7 @@
-"""The orders a step's ops may run in: `roots_first` (the step's replay,
-`_step_graph`: what needs nothing of the batch first), and for
-`_gathered_liveness`: `asap` (each op as soon as its inputs allow),
+"""The orders a step's ops may run in: `executor_order` (the step's
+replay, `_step_graph` via `_executor`: TensorFlow's executor on its
+inter-op threads), and for `_gathered_liveness`: `asap` (each op as soon
+as its inputs allow),
 `gathers_first` (an executor that lets all-gathers run ahead of the
 compute) and `observed_order` (the order a profiled run started them).
 Each keeps every op after its inputs and control inputs."""
@@ -8,6 +9,7 @@ Each keeps every op after its inputs and control inputs."""
 from __future__ import annotations
 
 import heapq
+from collections import deque
 
 from tfmemopt.estimate._gathered_tensors import _is_data_gather
 
@@ -15,37 +17,6 @@ from tfmemopt.estimate._gathered_tensors import _is_data_gather
 def _preds(op) -> list:
     """The ops `op` waits for: its inputs' and its control inputs."""
     return [t.op for t in op.inputs] + list(op.control_inputs)
-
-
-def roots_first(ops, captured) -> list:
-    """`ops` with those that need nothing of the step's batch first.
-
-    TensorFlow's executor starts every node whose inputs are ready when the
-    step starts: constants and what the function captures (the variables'
-    handles). An op that reads only those (a weight's cast or transpose, a
-    mask or bias built from constants, the loss gradient's broadcast of a
-    constant) is ready at once and runs while the forward pass has barely
-    begun; its output is held from there to its last reader, not made
-    just before it. Measured (allocator trace of ESPCN at batch 32): the
-    loss gradient's two broadcasts, 4.5 and 13.5 MiB, were allocated
-    before the first convolution's output. `captured`: the names of the
-    captures' placeholder ops. Each group keeps its order.
-    """
-    early = {}
-
-    def at_start(p):  # an op before `ops`, or one already seen
-        if p.name in early:
-            return early[p.name]
-        return p.type == "Const" or p.name in captured
-
-    for op in ops:  # creation order is topological
-        if op.type == "Placeholder":
-            early[op.name] = op.name in captured
-        else:
-            early[op.name] = all(at_start(p) for p in _preds(op))
-    return [op for op in ops if early[op.name]] + [
-        op for op in ops if not early[op.name]
-    ]
 
 
 def _asap(ops) -> list:
@@ -132,3 +103,104 @@ def observed_order(ops, started: dict) -> list:
             own = min(started.values(), default=0)
         at[op.name] = own if up is None else max(own, up)
     return sorted(ops, key=lambda op: (at[op.name], index[op.name]))
+
+
+def executor_order(
+    ops, cost, expensive, threads: int = 2, spans=None, merged=None
+) -> list:
+    """`ops` in the order TensorFlow's executor starts them on `threads`
+    inter-op threads: an event simulation in which `cost(op)` is how long
+    the op runs and `expensive(op)` whether the executor hands it to the
+    thread pool (else it runs inline).
+
+    What `ExecutorState::ScheduleReady` and Eigen's thread pool do: each
+    of the step's roots is a task, spread over the threads' queues. A task
+    runs its op, then the op's successors that became ready: the
+    inexpensive ones inline, in the same task; the last expensive one
+    inline too when nothing else is left; every other expensive one as a
+    new task at the front of this thread's queue. A thread takes its next
+    task from the front of its own queue; an idle thread steals from the
+    back of another's. `spans`: a dict to fill with each op's (start, end);
+    `merged`: op name -> the op that runs in its place (Grappler merged
+    it away): its readers wait for that one.
+    So a thread goes deep into one branch while the
+    other takes the oldest work left, where graph order would interleave
+    parallel branches (an Inception module's four; issue #23).
+    """
+    index = {op.name: i for i, op in enumerate(ops)}
+    readers = {op.name: [] for op in ops}
+    waiting = {}
+    merged = merged or {}
+    for op in ops:
+        preds = {merged.get(p.name, p.name) for p in _preds(op)}
+        preds = {p for p in preds if p in index}
+        waiting[op.name] = len(preds)
+        for p in preds:
+            readers[p].append(op)
+    for r in readers.values():
+        r.sort(key=lambda op: index[op.name])
+    queues = [deque() for _ in range(threads)]
+    roots = [op for op in ops if not waiting[op.name]]
+    for k, op in enumerate(roots):
+        queues[k % threads].append(deque([op]))
+    task = [deque() for _ in range(threads)]  # the ops each runs inline
+    running = [None] * threads  # (op, end time)
+    now = [0.0] * threads
+    order = []
+
+    def schedule(k, ready):
+        last, spawned = None, []
+        for op in ready:
+            if not expensive(op):
+                task[k].append(op)
+                continue
+            if last is not None:
+                spawned.append(last)
+            last = op
+        if last is not None:
+            if task[k]:
+                spawned.append(last)
+            else:
+                task[k].append(last)
+        for op in spawned:
+            queues[k].appendleft(deque([op]))
+
+    def next_task(k):
+        if queues[k]:
+            return queues[k].popleft()
+        for j in range(threads):
+            if j != k and queues[j]:
+                return queues[j].pop()
+        return deque()
+
+    def turn(j):  # when thread j acts next; at a tie an op ends first
+        if running[j]:
+            return (running[j][1], 0, j)
+        return (now[j], 1, j)
+
+    while len(order) < len(ops):
+        k = min(range(threads), key=turn)
+        t = turn(k)[0]
+        if running[k]:
+            done, running[k] = running[k][0], None
+            ready = []
+            for r in readers[done.name]:
+                waiting[r.name] -= 1
+                if not waiting[r.name]:
+                    ready.append(r)
+            schedule(k, ready)
+        if not task[k]:
+            task[k] = next_task(k)
+        now[k] = t
+        if task[k]:
+            op = task[k].popleft()
+            order.append(op)
+            running[k] = (op, t + cost(op))
+            if spans is not None:
+                spans[op.name] = (t, running[k][1])
+            continue
+        ends = [running[j][1] for j in range(threads) if running[j]]
+        if not ends:  # nothing runs and nothing is ready: a cycle
+            raise ValueError("ops that never become ready: not a DAG")
+        now[k] = min(ends)  # idle until another op ends
+    return order

@@ -7,6 +7,8 @@ views (the step, the update consuming each gradient, Grappler's);
 
 from __future__ import annotations
 
+import bisect
+
 import tensorflow as tf
 
 from tfmemopt.estimate._kept import _ALIAS
@@ -103,6 +105,58 @@ def _read_names(tensors, aliases):
     return names
 
 
+def _released_at(ops, spans):
+    """Per op, the index of the op after which its inputs are released:
+    the last op that starts before it ends (`spans`: op name -> (start,
+    end), from `_op_orders.executor_order`). An op's inputs are read until
+    it ends; ops that start meanwhile, on another thread, allocate beside
+    them. Without `spans`, each op's own index."""
+    if spans is None:
+        return list(range(len(ops)))
+    starts = [spans[op.name][0] if op.name in spans else 0 for op in ops]
+    out = []
+    for i, op in enumerate(ops):
+        end = spans[op.name][1] if op.name in spans else starts[i]
+        out.append(max(i, bisect.bisect_left(starts, end) - 1))
+    return out
+
+
+def _last_reads(ops, aliases, accumulated, spans):
+    """When each tensor's buffer is read last and released.
+
+    Returns `(read, last, due, sums)`: tensor name -> index of the last op
+    that reads it (`read`: when an element-wise op may write into it) and
+    index after which it is released (`last`); index -> the tensors
+    released there (`due`); tensor name -> the rewritten sum whose buffer
+    is made with it (`sums`).
+    """
+    released = _released_at(ops, spans)
+    read, last, due, made = {}, {}, {}, {}
+    sums = {}
+    for i, op in enumerate(ops):
+        for t in op.outputs:
+            made[t.name] = i
+        at, free = i, released[i]
+        for t in op.inputs:
+            if op.name in accumulated:
+                # Grappler's rewrite: the sum's variable is initialised
+                # after its first input (`min_input_id`: the earliest in its
+                # static schedule; a tie is the first); each input is added
+                # when both are there.
+                first = op.inputs[0].name
+                sums.setdefault(first, op.outputs[0])
+                at = free = max(made.get(t.name, i), made.get(first, i))
+            due.setdefault(free, []).append(t)
+            name = t.name
+            while True:  # its buffer is read here too
+                read[name] = max(read.get(name, -1), at)
+                last[name] = max(last.get(name, -1), free)
+                if name not in aliases:
+                    break
+                name = aliases[name]
+    return read, last, due, sums
+
+
 def _event_key(name, lists):
     """An event's key: `("list", name)` for a loop's TensorList."""
     return ("list", name) if name in lists else name
@@ -118,6 +172,8 @@ def _simulate(
     consumed=None,
     at_peak=None,
     in_place=True,
+    accumulated=(),
+    spans=None,
 ):
     """Peak live bytes when `ops` run in order, freeing after last use.
 
@@ -129,15 +185,15 @@ def _simulate(
     gradients of a matmul or an einsum, both waiting for the same incoming
     gradient) run at once, so the scratch of the one before counts too.
     `in_place=False`: no output takes an input's buffer (Grappler's view).
+    `accumulated`: names of sums (AddN) that Grappler rewrote into an
+    accumulation (`_kernels.rewritten_sum_zeros`): the sum's buffer is
+    made with its first input, and every input is added into it, and
+    released, as soon as both are there.
+    `spans`: op name -> (start, end) on the executor's threads
+    (`_op_orders.executor_order`): an op's inputs are released when it
+    ends, after the ops that start meanwhile.
     """
-    last = {}
-    for i, op in enumerate(ops):
-        for t in op.inputs:
-            last[t.name] = i
-            name = t.name
-            while name in aliases:  # its buffer is read here too
-                name = aliases[name]
-                last[name] = i
+    read, last, due, sums = _last_reads(ops, aliases, accumulated, spans)
     consumed = consumed or {}
     keep = {t.name for t in outputs if t.name not in consumed}
     buffer_of, size, holders = {}, {}, {}
@@ -146,6 +202,18 @@ def _simulate(
     sibling = None  # (inputs, outputs, scratch) of the last op with scratch
     for i, op in enumerate(ops):
         for t in op.outputs:
+            total = sums.get(t.name)
+            if total is not None and total.name not in buffer_of:
+                # A rewritten sum's buffer comes with its first input.
+                n = size_of(total) or 0
+                buffer_of[total.name] = total.name
+                size[total.name] = n
+                holders[total.name] = {total.name}
+                live += n
+                if events is not None and n:
+                    events.append((total.name, n))
+            if t.name in buffer_of:  # a rewritten sum, made before
+                continue
             if t.name not in last and t.name not in keep:
                 if t.name not in consumed:
                     continue
@@ -164,7 +232,7 @@ def _simulate(
             reused = None
             if in_place:
                 reused = _reusable_input(
-                    op, i, n, last, keep, buffer_of, holders, size
+                    op, i, n, read, keep, buffer_of, holders, size
                 )
             if reused is not None:
                 buffer_of[t.name] = reused
@@ -199,7 +267,7 @@ def _simulate(
                 events += list(zip(keys, temps)) + [(k, None) for k in keys]
             if t.name not in last:
                 last[t.name] = i  # freed below, with the op's inputs
-        for name in _read_names(list(op.inputs) + done, aliases):
+        for name in _read_names(done + due.pop(i, []), aliases):
             if last.get(name) != i or name in keep:
                 continue
             src = buffer_of.get(name)

@@ -9,24 +9,29 @@ activation memory is allocated; `_step_trace` traces and reads it), then:
   every op is covered: Dense, Conv, normalisation, Dropout masks, attention
   scores, embedding gathers, ...);
 - attributes them to the layer whose name scope produced them;
-- simulates the step in graph order, what needs nothing of the batch
-  first (`roots_first`), with reference counts (a tensor is freed
-  after its last reader; aliases such as Reshape share their input's
-  buffer) to get the peak of live bytes.
+- simulates the step in the order TensorFlow's executor runs it on its
+  inter-op threads (`_executor.replay_order`), with reference counts (a
+  tensor is freed when its last reader ends; aliases such as Reshape
+  share their input's buffer) to get the peak of live bytes.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+
+import tensorflow as tf
 
 from tfmemopt.estimate._dedup import duplicates
 from tfmemopt.estimate._dedup import merged_ops
+from tfmemopt.estimate._dedup import times_one
+from tfmemopt.estimate._executor import replay_order
 from tfmemopt.estimate._gathered_tensors import _identity_slices
 from tfmemopt.estimate._gathered_tensors import _unowned_free
 from tfmemopt.estimate._kept import _kept_for_backward
 from tfmemopt.estimate._kept import _units_at
 from tfmemopt.estimate._kernels import _einsum_copies
-from tfmemopt.estimate._op_orders import roots_first
+from tfmemopt.estimate._kernels import sums_rewritten
 from tfmemopt.estimate._simulate import _simulate
 from tfmemopt.estimate._step_trace import _model_scope
 from tfmemopt.estimate._step_trace import _nbytes
@@ -119,20 +124,23 @@ def trace_step(
     same = duplicates(ops, fwd_names)
     merged = merged_ops(same)
     run = [op for op in ops if op.name not in merged]
-    # What needs nothing of the batch runs as the step starts.
-    captured = {t.op.name for t in concrete.graph.internal_captures}
-    run = roots_first(run, captured)
     path_of = _path_function(model)
     model_scope = _model_scope(model, ops[:n_fwd], path_of)
     size_of, aliases = _size_function(
         concrete, model, model_scope, activation_itemsize, min_counted_bytes
     )
+    whole_size, whole_aliases = _size_function(
+        concrete, model, model_scope, activation_itemsize, 0
+    )
+    # The order the executor runs the ops in, and when each runs.
+    run, spans = replay_order(run, whole_size, same=same)
     # A whole-tensor slice hands its input on (the recompute's waits,
     # `checkpointing._recompute._after`); one of a weight's read value
-    # (no buffer of the step's own) costs nothing.
+    # (no buffer of the step's own) costs nothing; nor does a product by
+    # a constant one (Grappler folds it).
     slices = _identity_slices(run)
     aliases = {**aliases, **same}
-    sim_aliases = {**aliases, **slices}
+    sim_aliases = {**aliases, **slices, **times_one(run)}
     sim_size = _unowned_free(size_of, sim_aliases)
     saved_by_layer, unknown = _kept_for_backward(
         ops[n_fwd:], fwd_names, path_of, size_of, same
@@ -148,33 +156,48 @@ def trace_step(
     def scratch(op):
         return _scratch(op, size_of, min_counted_bytes)
 
-    events, alive = [], set()
-    peak = _simulate(
-        run,
-        outputs,
-        sim_size,
-        sim_aliases,
-        scratch,
-        events=None if update is not None else events,
-        at_peak=alive,
-    )
-    updating_peak = None
-    if update is not None:
-        updating_peak = _simulate_updating(
-            model, concrete, run, sim_size, sim_aliases, scratch, update, events
-        )
-
     # Grappler's own estimate (`GraphMemory::InferStatically`) counts every
-    # tensor and forwards no input buffer: its peak decides whether its
-    # memory optimizer rewrites the gradient sums. Only the CPU statistics'
-    # view (`min_counted_bytes`) models that rewrite: 0 elsewhere.
+    # tensor it can size (a TensorList is a scalar of unknown size to it)
+    # and forwards no input buffer: its peak decides whether its memory
+    # optimizer rewrites the gradient sums. Only the CPU statistics' view
+    # (`min_counted_bytes`) models that rewrite: 0 elsewhere.
     grappler_peak = 0
     if min_counted_bytes:
-        whole_size, whole_aliases = _size_function(
-            concrete, model, model_scope, activation_itemsize, 0
-        )
         grappler_peak = _simulate(
-            run, outputs, whole_size, {**whole_aliases, **same}, in_place=False
+            run,
+            outputs,
+            lambda t: 0 if t.dtype == tf.variant else whole_size(t),
+            {**whole_aliases, **same},
+            in_place=False,
+        )
+
+    events, alive = [], set()
+    simulate = functools.partial(
+        _simulate, run, outputs, sim_size, sim_aliases, scratch, spans=spans
+    )
+    peak = simulate(events=events, at_peak=alive)
+    sums = _sums_with_input_in(ops, alive)
+    # The sums Grappler rewrote into accumulations: each input is added,
+    # and freed, as soon as it and the sum's buffer are there.
+    accumulated = ()
+    if sums and sums_rewritten(grappler_peak):
+        accumulated = {op.name for op in sums}
+        events = []
+        peak = simulate(events=events, accumulated=accumulated)
+    updating_peak = None
+    if update is not None:
+        events = []
+        updating_peak = _simulate_updating(
+            model,
+            concrete,
+            run,
+            sim_size,
+            sim_aliases,
+            scratch,
+            update,
+            events,
+            accumulated=accumulated,
+            spans=spans,
         )
 
     def counted(n):
@@ -194,13 +217,13 @@ def trace_step(
         input_sizes=input_sizes,
         events=events,
         updating_peak=updating_peak,
-        sums_at_peak=_sums_with_input_in(ops, alive, size_of),
+        sums_at_peak=[size_of(op.outputs[0]) or 0 for op in sums],
         grappler_peak=grappler_peak,
     )
 
 
 def _simulate_updating(
-    model, concrete, ops, size_of, aliases, scratch, update, events
+    model, concrete, ops, size_of, aliases, scratch, update, events, **kwargs
 ):
     """The step's peak when each gradient is consumed as soon as it is made.
 
@@ -224,13 +247,14 @@ def _simulate_updating(
         scratch,
         events=events,
         consumed=consumed,
+        **kwargs,
     )
 
 
-def _sums_with_input_in(ops, alive, size_of) -> list:
-    """Bytes of each sum of 3 or more gradients with an input in `alive`."""
+def _sums_with_input_in(ops, alive) -> list:
+    """The sums of 3 or more gradients (AddN) with an input in `alive`."""
     return [
-        size_of(op.outputs[0]) or 0
+        op
         for op in ops
         if op.type == "AddN"
         and len(op.inputs) > 2
