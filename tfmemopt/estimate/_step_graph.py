@@ -41,6 +41,7 @@ from tfmemopt.estimate._step_trace import _size_function
 from tfmemopt.estimate._step_trace import _source
 from tfmemopt.estimate._step_trace import _sparse_rows
 from tfmemopt.estimate._step_trace import _traced_step
+from tfmemopt.estimate._step_trace import loop_lists
 
 
 @dataclasses.dataclass
@@ -126,11 +127,17 @@ def trace_step(
     run = [op for op in ops if op.name not in merged]
     path_of = _path_function(model)
     model_scope = _model_scope(model, ops[:n_fwd], path_of)
+    loops = loop_lists(concrete)  # sized once, for both views
     size_of, aliases = _size_function(
-        concrete, model, model_scope, activation_itemsize, min_counted_bytes
+        concrete,
+        model,
+        model_scope,
+        activation_itemsize,
+        min_counted_bytes,
+        loops=loops,
     )
     whole_size, whole_aliases = _size_function(
-        concrete, model, model_scope, activation_itemsize, 0
+        concrete, model, model_scope, activation_itemsize, 0, loops=loops
     )
     # The order the executor runs the ops in, and when each runs.
     run, spans = replay_order(run, whole_size, same=same)
@@ -175,7 +182,9 @@ def trace_step(
     simulate = functools.partial(
         _simulate, run, outputs, sim_size, sim_aliases, scratch, spans=spans
     )
-    peak = simulate(events=events, at_peak=alive)
+    peak = simulate(
+        events=None if update is not None else events, at_peak=alive
+    )
     sums = _sums_with_input_in(ops, alive)
     # The sums Grappler rewrote into accumulations: each input is added,
     # and freed, as soon as it and the sum's buffer are there.

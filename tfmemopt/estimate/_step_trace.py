@@ -165,7 +165,12 @@ def _model_scope(model, forward_ops, path_of):
 
 
 def _size_function(
-    concrete, model, model_scope, activation_itemsize, min_counted_bytes
+    concrete,
+    model,
+    model_scope,
+    activation_itemsize,
+    min_counted_bytes,
+    loops=None,
 ):
     """`(size_of, aliases)`: tensor -> the bytes it is counted at.
 
@@ -190,9 +195,9 @@ def _size_function(
         return activation_itemsize / (dtype or t.dtype).size
 
     graph = concrete.graph
-    lists, aliases = while_loop_sizes(
-        graph.get_operations(), graph.as_graph_def()
-    )
+    if loops is None:
+        loops = loop_lists(concrete)
+    lists, aliases = loops
 
     def size_of(t):
         while t.name in aliases:  # a loop's pass-through list
@@ -208,6 +213,13 @@ def _size_function(
         return 0 if n is not None and n < min_counted_bytes else n
 
     return size_of, aliases
+
+
+def loop_lists(concrete):
+    """`while_loop_sizes` of the traced step: what `_size_function` sizes
+    a loop's TensorLists from (pass it to several size functions)."""
+    graph = concrete.graph
+    return while_loop_sizes(graph.get_operations(), graph.as_graph_def())
 
 
 def _sparse_rows(concrete, values_only=False) -> dict:
