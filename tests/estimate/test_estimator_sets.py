@@ -4,7 +4,8 @@ set, the third none with any of them, the fourth none with any of the
 four before it, the fifth none with any of the five before it, the
 sixth none with any of the six before it, the seventh none with any of
 the seven before it, the eighth none with any of the eight before it,
-the ninth none with any of the nine before it, and a
+the ninth none with any of the nine before it, the tenth none with any
+of the ten before it, and a
 case whose setting could not be applied is left out of its set's
 figures. Pure Python: nothing is built or trained."""
 
@@ -74,6 +75,7 @@ def _check_new_set(new, earlier, name):
         "heldout7",
         "heldout8",
         "heldout9",
+        "heldout10",
     ],
 )
 def test_a_later_heldout_set_is_new_and_covers_the_settings(which):
