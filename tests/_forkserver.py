@@ -41,7 +41,8 @@ import json, os, sys, traceback
 root = sys.argv[1]
 sys.path.insert(0, root)
 os.chdir(root)
-import numpy, tensorflow, keras, tfmemopt  # noqa: F401
+import gc, numpy, tensorflow, keras, tfmemopt  # noqa: F401
+gc.freeze()  # the children inherit it: their collections skip the imports
 requests, replies = sys.stdin, sys.stdout
 replies.write(json.dumps({"ready": os.getpid()}) + "\n")
 replies.flush()
