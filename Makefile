@@ -12,7 +12,10 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 # once (tests/_forkserver.py: ~4.5 s of CPU less per subprocess); 0 starts a
 # fresh interpreter for each.
 export TFMEMOPT_TEST_FORK ?= 1
-PYTEST_ARGS ?= -n 2 --dist loadfile
+# Whole files to two workers, in the order tests/conftest.py sorts them (the
+# long ones first; without --no-loadscope-reorder the scheduler puts the files
+# with the most tests first).
+PYTEST_ARGS ?= -n 2 --dist loadfile --no-loadscope-reorder
 
 .PHONY: demo test lint format bench clean venv
 

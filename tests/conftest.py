@@ -218,10 +218,13 @@ def pytest_collection_modifyitems(config, items):
 
     `make test` hands whole test files to two workers (`--dist loadfile`),
     the next file to whichever is free: with the long ones first, no worker
-    is left running a long test alone at the end (1017 s of wall time for
-    1686 test-seconds in collection order), and a module-scoped fixture is
-    set up once (split between two workers, the multi-worker and mirrored
-    fixtures ran twice: 100 s).
+    is left running a long test alone at the end, and a module-scoped
+    fixture is set up once (split between two workers, the multi-worker and
+    mirrored fixtures ran twice: 100 s). Since pytest-xdist 3.5 the
+    scheduler reorders the files by their number of tests, which puts the
+    long one-test files last (one worker ran the 97 s FSDP test alone while
+    the other sat idle for 53 s at the end); `--no-loadscope-reorder`
+    (pytest-xdist >= 3.8, in the Makefile) keeps this order.
     """
     slow_modules = {
         item.module.__name__

@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from conftest import ROOT
 
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
@@ -38,6 +39,7 @@ def _figure(part, prefix):
     return found[0]
 
 
+@pytest.mark.slow
 def test_smoke_run_records_every_part_and_survives_a_failing_one(tmp_path):
     env = dict(
         os.environ,

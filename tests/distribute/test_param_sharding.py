@@ -364,6 +364,7 @@ def _device_bytes(table):
     return {d: n for d, n in table.items() if "CPU" in d}
 
 
+@pytest.mark.slow
 def test_shard_parameters_two_then_four_replicas(tmp_path):
     env = {"CKPT_DIR": str(tmp_path)}
     out = run_in_subprocess(COMMON + CHECKPOINTS + ITEM1, n_cpus=2, env=env)
