@@ -203,19 +203,19 @@ SETS = (
         "heldout9",
         "model families in none of the sets above, fixed before it was "
         "measured, measured without an estimate (each case the median of 3 "
-        "runs in fresh processes), to be estimated once with the rules "
-        "final; benchmarks/_estimator_heldout9.py says why each is new; the "
-        "goal of issue #23: median |error| <= 6%, worst <= 12%, no "
+        "runs in fresh processes), estimated once with 9669124's rules "
+        "(9ac5365); benchmarks/_estimator_heldout9.py says why each is new; "
+        "the goal of issue #23: median |error| <= 6%, worst <= 12%, no "
         "one-sided bias",
     ),
     (
         "heldout10",
         "model families in none of the sets above, fixed before it was "
         "measured, measured without an estimate (each case the median of 3 "
-        "runs in fresh processes), to be estimated once with the rules "
-        "final; benchmarks/_estimator_heldout10.py says why each is new; "
-        "the goal of issue #23: median |error| <= 6%, worst <= 12%, no "
-        "one-sided bias",
+        "runs in fresh processes), estimated once with 9669124's rules, "
+        "unchanged since; benchmarks/_estimator_heldout10.py says why each "
+        "is new; the goal of issue #23: median |error| <= 6%, worst <= 12%, "
+        "no one-sided bias",
     ),
 )
 
