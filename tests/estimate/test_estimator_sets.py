@@ -76,6 +76,7 @@ def _check_new_set(new, earlier, name):
         "heldout8",
         "heldout9",
         "heldout10",
+        "heldout11",
     ],
 )
 def test_a_later_heldout_set_is_new_and_covers_the_settings(which):
