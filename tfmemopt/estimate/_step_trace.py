@@ -170,7 +170,7 @@ def _size_function(
     model_scope,
     activation_itemsize,
     min_counted_bytes,
-    loops=None,
+    loops,
 ):
     """`(size_of, aliases)`: tensor -> the bytes it is counted at.
 
@@ -178,7 +178,8 @@ def _size_function(
     activations and their gradients are rescaled; the function's outputs
     (weight gradients) are not. A loop's TensorList is sized from the loop
     (`while_loop_sizes`); `aliases` maps a loop's pass-through list to its
-    source. Tensors below `min_counted_bytes` count 0.
+    source. Tensors below `min_counted_bytes` count 0. `loops` is the
+    step's `loop_lists`, sized once by the caller for every view.
     """
     out_names = {t.name for t in concrete.graph.outputs}
     compute = tf.as_dtype(keras.backend.standardize_dtype(model.compute_dtype))
@@ -195,8 +196,6 @@ def _size_function(
         return activation_itemsize / (dtype or t.dtype).size
 
     graph = concrete.graph
-    if loops is None:
-        loops = loop_lists(concrete)
     lists, aliases = loops
 
     def size_of(t):
