@@ -214,6 +214,14 @@ def estimate_memory(
             trainable, step, s, state.gradients, activations
         )
     notes += update.notes
+    if step.decay_copies:
+        notes.append(
+            f"weight decay: {type(s.optimizer).__name__} decays each weight "
+            "before its gradient is made; a weight the backward pass still "
+            "reads is copied (copy-on-write): "
+            f"{format_bytes(step.decay_copies)} at the step's peak, in "
+            "`temporaries`"
+        )
     inputs, accumulation, window_end = accumulation_bytes(
         trainable, step, s, notes
     )

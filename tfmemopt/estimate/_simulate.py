@@ -174,6 +174,7 @@ def _simulate(
     in_place=True,
     accumulated=(),
     spans=None,
+    held=None,
 ):
     """Peak live bytes when `ops` run in order, freeing after last use.
 
@@ -192,11 +193,16 @@ def _simulate(
     `spans`: op name -> (start, end) on the executor's threads
     (`_op_orders.executor_order`): an op's inputs are released when it
     ends, after the ops that start meanwhile.
+    `held`: a weight's read -> `(variable, bytes)` when the weight is
+    copied while the step reads it (`_update.decayed_early`): the reads
+    of one variable share one buffer of its bytes, the old weight, freed
+    after the last of them.
     """
     read, last, due, sums = _last_reads(ops, aliases, accumulated, spans)
     consumed = consumed or {}
     keep = {t.name for t in outputs if t.name not in consumed}
     buffer_of, size, holders = {}, {}, {}
+    held, old_weight = held or {}, {}
     lists = set()
     live = peak = 0
     sibling = None  # (inputs, outputs, scratch) of the last op with scratch
@@ -217,6 +223,21 @@ def _simulate(
             if t.name not in last and t.name not in keep:
                 if t.name not in consumed:
                     continue
+            if t.name in held:  # a copied weight's read holds the old one
+                variable, n = held[t.name]
+                src = old_weight.get(variable)
+                if src in holders:
+                    buffer_of[t.name] = src
+                    holders[src].add(t.name)
+                    continue
+                old_weight[variable] = t.name
+                buffer_of[t.name] = t.name
+                size[t.name] = n
+                holders[t.name] = {t.name}
+                live += n
+                if events is not None and n:
+                    events.append((t.name, n))
+                continue
             shared = aliases.get(t.name)
             if shared is None and op.type in _ALIAS and op.inputs:
                 shared = op.inputs[0].name

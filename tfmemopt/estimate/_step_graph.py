@@ -78,6 +78,9 @@ class StepGraph:
     # memory optimizer compares with the device's memory (0: not simulated,
     # `min_counted_bytes` is 0).
     grappler_peak: int = 0
+    # Bytes of the weights copied by an early weight decay whose old
+    # buffer is still read at the peak (`decay`).
+    decay_copies: int = 0
 
 
 def trace_step(
@@ -90,6 +93,7 @@ def trace_step(
     update=None,
     owner=None,
     loss=None,
+    decay=None,
 ) -> StepGraph:
     """Traces one training step of `model` at `batch_size` and measures it.
 
@@ -111,6 +115,9 @@ def trace_step(
             (`enable_long_sequences`) apply: its chunked loss is traced
             from the head's input (`head_of`), as `tfmemopt.Model`'s step
             computes it.
+        decay: optional callable: the model's trainable variables -> the
+            bytes, per variable, that its weight decay copies while the
+            step reads the weight (`_update.decayed_early`; 0: none).
         loss: optional loss the step computes (a Keras loss or its name);
             by default the owner's or the model's compiled loss, else mean
             squared error.
@@ -178,14 +185,26 @@ def trace_step(
             in_place=False,
         )
 
+    held = {}
+    if decay is not None:
+        variables = model.trainable_variables
+        held = _decayed_reads(concrete, run, variables, decay(variables))
     events, alive = [], set()
     simulate = functools.partial(
-        _simulate, run, outputs, sim_size, sim_aliases, scratch, spans=spans
+        _simulate,
+        run,
+        outputs,
+        sim_size,
+        sim_aliases,
+        scratch,
+        spans=spans,
+        held=held,
     )
     peak = simulate(
         events=None if update is not None else events, at_peak=alive
     )
     sums = _sums_with_input_in(ops, alive)
+    decay_copies = sum(n for name, (_, n) in held.items() if name in alive)
     # The sums Grappler rewrote into accumulations: each input is added,
     # and freed, as soon as it and the sum's buffer are there.
     accumulated = ()
@@ -207,6 +226,7 @@ def trace_step(
             events,
             accumulated=accumulated,
             spans=spans,
+            held=held,
         )
 
     def counted(n):
@@ -228,7 +248,26 @@ def trace_step(
         updating_peak=updating_peak,
         sums_at_peak=[size_of(op.outputs[0]) or 0 for op in sums],
         grappler_peak=grappler_peak,
+        decay_copies=decay_copies,
     )
+
+
+def _decayed_reads(concrete, run, variables, nbytes) -> dict:
+    """The reads of each weight that its early decay copies (`nbytes`:
+    per variable, 0 for none): read tensor name -> `(variable index,
+    bytes)`, for the reads the step runs (`run`)."""
+    placeholder = {id(ext): inner for ext, inner in concrete.graph.captures}
+    names = {op.name for op in run}
+    held = {}
+    for i, (variable, n) in enumerate(zip(variables, nbytes)):
+        handle = getattr(getattr(variable, "value", variable), "handle", None)
+        inner = placeholder.get(id(handle))
+        if not n or inner is None:
+            continue
+        for op in inner.consumers():
+            if op.type == "ReadVariableOp" and op.name in names:
+                held[op.outputs[0].name] = (i, n)
+    return held
 
 
 def _simulate_updating(

@@ -23,6 +23,7 @@ from tfmemopt.estimate._settings import Settings
 from tfmemopt.estimate._settings import counted
 from tfmemopt.estimate._step_graph import trace_step
 from tfmemopt.estimate._update import consumers
+from tfmemopt.estimate._update import decayed_early
 from tfmemopt.precision._policy_clone import rebuilt_under
 
 
@@ -95,6 +96,10 @@ def trace_model(
             return _trace_with(rescale, owner)
 
     def _trace_with(rescale, owner):
+        def nbytes(v):
+            return counted(weight_bytes(v, s), s)
+
+        accumulating = s.accumulation_steps > 1
         return trace_step(
             traced,
             s.micro,
@@ -106,9 +111,16 @@ def trace_model(
             min_counted_bytes=s.floor,
             update=consumers(
                 s.optimizer,
-                s.accumulation_steps > 1,
+                accumulating,
                 s.replicas,
-                lambda v: counted(weight_bytes(v, s), s),
+                nbytes,
+                sharded=s.shard_parameters,
+            ),
+            decay=decayed_early(
+                s.optimizer,
+                accumulating,
+                s.replicas,
+                nbytes,
                 sharded=s.shard_parameters,
             ),
         )
