@@ -17,17 +17,19 @@ are kept), `--reestimate` (new estimates for the stored measurements, after
 a change to the estimator; trains nothing) or `--table` (the table again).
 `--design`, `--heldout`, `--heldout2`, `--heldout3`, `--heldout4`,
 `--heldout5`, `--heldout6`, `--heldout7`, `--heldout8`, `--heldout9`,
-`--heldout10` or `--heldout11` measure one set's models; with `--again`,
+`--heldout10`, `--heldout11` or `--heldout12` measure one set's models;
+with `--again`,
 one more run of them, each case's `measured` the median over the runs
 (the held-out sets are the median of 3 runs: run once, then twice with
 `--again`). The
-third to eleventh held-out sets are measured without an estimate (their
+third to twelfth held-out sets are measured without an estimate (their
 rows' `estimate` is null, and the table leaves their models out until
 they have one): each is estimated once, by `--heldout3 --reestimate`,
 `--heldout4 --reestimate`, `--heldout5 --reestimate`, `--heldout6
 --reestimate`, `--heldout7 --reestimate`, `--heldout8 --reestimate`,
-`--heldout9 --reestimate`, `--heldout10 --reestimate` or `--heldout11
---reestimate`, after the estimator's rules are final.
+`--heldout9 --reestimate`, `--heldout10 --reestimate`, `--heldout11
+--reestimate` or `--heldout12 --reestimate`, after the estimator's rules
+are final.
 
 The estimate is for `tfmemopt.Model`'s train step (`trainer="tfmemopt"`),
 which is what is measured.
@@ -71,6 +73,8 @@ from _estimator_heldout10 import HELDOUT10  # noqa: E402
 from _estimator_heldout10 import build_heldout10  # noqa: E402
 from _estimator_heldout11 import HELDOUT11  # noqa: E402
 from _estimator_heldout11 import build_heldout11  # noqa: E402
+from _estimator_heldout12 import HELDOUT12  # noqa: E402
+from _estimator_heldout12 import build_heldout12  # noqa: E402
 from _estimator_table import summarize  # noqa: E402
 from _estimator_table import write_table  # noqa: E402
 
@@ -99,8 +103,9 @@ VARIANTS = ("base", "accumulation=4", "checkpointing=auto", "mixed_bfloat16")
 # benchmarks/_estimator_heldout.py, _estimator_heldout2.py,
 # _estimator_heldout3.py, _estimator_heldout4.py, _estimator_heldout5.py,
 # _estimator_heldout6.py, _estimator_heldout7.py, _estimator_heldout8.py,
-# _estimator_heldout9.py, _estimator_heldout10.py and
-# _estimator_heldout11.py, with why each family is held out.
+# _estimator_heldout9.py, _estimator_heldout10.py,
+# _estimator_heldout11.py and _estimator_heldout12.py, with why each
+# family is held out.
 # The held-out sets in the order they were made: name -> (model -> cases,
 # builder).
 HELDOUT_SETS = {
@@ -115,6 +120,7 @@ HELDOUT_SETS = {
     "heldout9": (HELDOUT9, build_heldout9),
     "heldout10": (HELDOUT10, build_heldout10),
     "heldout11": (HELDOUT11, build_heldout11),
+    "heldout12": (HELDOUT12, build_heldout12),
 }
 ALL = list(MODELS) + [
     name for models, _ in HELDOUT_SETS.values() for name in models
@@ -130,6 +136,7 @@ MEASURE_ONLY = (
     "heldout9",
     "heldout10",
     "heldout11",
+    "heldout12",
 )
 
 
@@ -137,7 +144,7 @@ def set_of(name):
     """'design' (the rules were designed on it), 'heldout' (the first
     held-out set, used since to find defects), 'heldout2' (the second,
     measured once after it was fixed, used since to diagnose) or
-    'heldout3' / ... / 'heldout11' (the third to eleventh, measured
+    'heldout3' / ... / 'heldout12' (the third to twelfth, measured
     without an estimate, each estimated once after the rules are final)."""
     for which, (models, _) in HELDOUT_SETS.items():
         if name in models:
@@ -394,7 +401,7 @@ def run_model(name, cases):
                 peaks.append(device_memory()["peak"] - base)
         except Exception as e:
             error = error or f"training failed: {type(e).__name__}"
-        # The third to eleventh held-out sets are measured only;
+        # The third to twelfth held-out sets are measured only;
         # --reestimate estimates each once the estimator's rules are final.
         est, seconds = (
             (None, None)
@@ -613,7 +620,8 @@ def main():
     only = [a for a in sys.argv[1:] if not a.startswith("--") and a != rule]
     # --design / --heldout / --heldout2 / --heldout3 / --heldout4 /
     # --heldout5 / --heldout6 / --heldout7 / --heldout8 / --heldout9 /
-    # --heldout10 / --heldout11: one set's models only. --again:
+    # --heldout10 / --heldout11 / --heldout12: one set's models only.
+    # --again:
     # another run of the named models, measured = the median over the runs.
     sets = {"design": MODELS}
     sets.update((which, models) for which, (models, _) in HELDOUT_SETS.items())
@@ -648,7 +656,7 @@ def main():
         rows += got
         for r in got:
             m = r["measured"]
-            if r["estimate"] is None:  # measured only (sets 3 to 11)
+            if r["estimate"] is None:  # measured only (sets 3 to 12)
                 print(
                     f"{name:19s} {r['variant']:20s} B={r['batch']:5d} "
                     f"measured={(m or 0) / MIB:8.1f} MiB "
