@@ -61,6 +61,12 @@ class MemoryEstimate:
             accumulator), so not every gradient is alive beside the
             activations. Subtracted from the total.
         total: Int, the sum, less `freed`: the estimated peak.
+        run_ahead: Int, how much above `total` the peak may go, at most,
+            where the step's timing decides it (not in `total`): with
+            accumulation, the weight gradients of recurrent layers'
+            backward loops whose iterations run ahead of their sums
+            (docs/estimator.md); else 0. `tfmemopt.plan` keeps
+            `total + run_ahead` within the budget.
         settings: Dict, the settings the estimate was made for.
         layers: List of `(layer, bytes)`: activations kept, per layer.
         notes: List of str: assumptions and warnings.
@@ -79,6 +85,7 @@ class MemoryEstimate:
     freed: int = 0
     gathered: int = 0
     terms: dict = dataclasses.field(default_factory=dict)
+    run_ahead: int = 0
 
     @property
     def total(self) -> int:
@@ -90,6 +97,7 @@ class MemoryEstimate:
         out["freed"] = int(self.freed)
         out["terms"] = {k: int(v) for k, v in self.terms.items()}
         out["total"] = int(self.total)
+        out["run_ahead"] = int(self.run_ahead)
         out["settings"] = dict(self.settings)
         out["layers"] = [[name, int(n)] for name, n in self.layers]
         out["notes"] = list(self.notes)
@@ -120,6 +128,9 @@ class MemoryEstimate:
             freed = "-" + format_bytes(self.freed)
             lines.append(f"  {'freed before the peak':<{width}}  {freed:>11}")
         lines.append(f"  {'total':<{width}}  {format_bytes(self.total):>11}")
+        if self.run_ahead:
+            more = "+" + format_bytes(self.run_ahead)
+            lines.append(f"  {'at most, run ahead':<{width}}  {more:>11}")
         if self.layers and top:
             lines.append("Largest activations kept, by layer:")
             for name, n in sorted(self.layers, key=lambda x: -x[1])[:top]:

@@ -42,6 +42,7 @@ from tfmemopt.estimate._step_trace import _source
 from tfmemopt.estimate._step_trace import _sparse_rows
 from tfmemopt.estimate._step_trace import _traced_step
 from tfmemopt.estimate._step_trace import loop_lists
+from tfmemopt.estimate._while_loops import run_ahead_bytes
 
 
 @dataclasses.dataclass
@@ -81,6 +82,10 @@ class StepGraph:
     # Bytes of the weights copied by an early weight decay whose old
     # buffer is still read at the peak (`decay`).
     decay_copies: int = 0
+    # Bytes of weight gradients a recurrent layer's backward loop may hold
+    # at once when its iterations run ahead of their sums (a bound:
+    # `_while_loops.run_ahead_bytes`), not counted in `peak`.
+    run_ahead: int = 0
 
 
 def trace_step(
@@ -233,6 +238,7 @@ def trace_step(
         return 0 if n < min_counted_bytes else n
 
     input_sizes = [_nbytes(t) or 0 for t in concrete.graph.inputs]
+    shapes = [tuple(v.shape) for v in model.trainable_variables]
     return StepGraph(
         peak=peak,
         inputs=sum(counted(n) for n in input_sizes),
@@ -249,6 +255,7 @@ def trace_step(
         sums_at_peak=[size_of(op.outputs[0]) or 0 for op in sums],
         grappler_peak=grappler_peak,
         decay_copies=decay_copies,
+        run_ahead=run_ahead_bytes(run, shapes, counted),
     )
 
 

@@ -31,6 +31,12 @@ def _make_plan(best, global_batch_size, replicas, budget, considered=()):
         if not parts
         else "the fastest combination that fits: " + ", ".join(parts)
     )
+    if best.get("run_ahead"):
+        why += (
+            f"; the peak may be up to {_mib(best['run_ahead'])} above the "
+            "estimate where recurrent layers' backward loops run ahead in "
+            "the accumulation window: the estimate plus that fits the budget"
+        )
     kept = [c for c in considered if not _changes_state(c)]
     if kept and _changes_state(best):
         before = min(kept, key=lambda c: c["peak"])

@@ -64,9 +64,10 @@ def _tried_text(considered) -> str:
 
 def raise_no_fit(considered, budget, global_batch_size, scale, margin):
     state = min(c["state"] for c in considered)
-    least = min(considered, key=lambda c: c["peak"])
-    # The budget at which the smallest candidate would be chosen.
-    needed = least["peak"] * scale / (1 - margin)
+    least = min(considered, key=lambda c: c.get("fit", c["peak"]))
+    # The budget at which the smallest candidate would be chosen (its
+    # `"fit"`: its peak, or more where recurrent loops may run ahead).
+    needed = least.get("fit", least["peak"]) * scale / (1 - margin)
     if state >= budget:
         raise ValueError(
             "The model cannot fit at any batch size: its weights, gradients "
@@ -91,7 +92,9 @@ def raise_no_fit(considered, budget, global_batch_size, scale, margin):
         f"{_bytes(least['peak'] * scale)}{measured} (micro-batch "
         f"{least['micro_batch_size']}, "
         f"checkpointing={least['checkpointing']!r}, policy="
-        f"{least['policy']!r}), more than the budget less margin={margin} "
+        f"{least['policy']!r}"
+        + _run_ahead_text(least)
+        + f"), more than the budget less margin={margin} "
         f"({_bytes(budget * (1 - margin))}). Raise memory_budget to at least "
         f"{format_bytes(needed)}, lower margin, or allow more techniques "
         f"(tried policies {sorted({c['policy'] for c in considered})}, "
@@ -114,4 +117,14 @@ def _state_over_limit(considered, limit) -> str:
         "or 'sharding', or use an optimizer with less state"
         + _small_state_hint(kept)
         + _tried_text(considered)
+    )
+
+
+def _run_ahead_text(c) -> str:
+    """`", and up to X more ..."` where recurrent loops may run ahead."""
+    if not c.get("run_ahead"):
+        return ""
+    return (
+        f", and up to {_bytes(c['run_ahead'])} more where recurrent layers' "
+        "backward loops run ahead, which must fit the whole budget"
     )

@@ -53,9 +53,21 @@ def step_time(micro, steps, checkpointing, policy, fast_16bit) -> float:
     return round(t, 4)
 
 
+def _fit_by(candidate, margin) -> int:
+    """Sets and returns the candidate's `"fit"`: what `choose` compares
+    with `budget x (1 - margin)`. Its estimated peak, or more where the
+    peak may exceed it by `run_ahead` (`MemoryEstimate.run_ahead`): then
+    `peak + run_ahead` must fit the whole budget too (a bound needs no
+    margin on top)."""
+    peak, more = candidate["peak"], candidate["run_ahead"]
+    candidate["fit"] = max(peak, math.ceil((peak + more) * (1 - margin)))
+    return candidate["fit"]
+
+
 def choose(candidates: list[dict], budget: int) -> dict | None:
-    """The fastest candidate whose `"peak"` fits (ties: the least memory)."""
-    fitting = [c for c in candidates if c["peak"] <= budget]
+    """The fastest candidate whose `"fit"` (its estimated peak, or more:
+    `_fit_by`) is within `budget` (ties: the least memory)."""
+    fitting = [c for c in candidates if c.get("fit", c["peak"]) <= budget]
     if not fitting:
         return None
     return min(fitting, key=lambda c: (c["time"], c["peak"]))
@@ -212,7 +224,7 @@ def plan(
         )
         for c in considered:
             if _key(c) == key:
-                return c["peak"]
+                return c["fit"]
         est = estimate_memory(
             model,
             global_batch_size,
@@ -239,7 +251,7 @@ def plan(
             attention=option["attention"],
             optimizer_name=type(state_options.unwrap(base)).__name__,
         )
-        return considered[-1]["peak"]
+        return _fit_by(considered[-1], margin)
 
     ckpts = [None, "auto"] if "checkpointing" in allow else [None]
     steps_list = _steps_options(
@@ -344,6 +356,7 @@ def _candidate(est, policy, ckpt, steps, micro, time) -> dict:
         "time": time,
         "gathered": int(est.gathered),
         "terms": dict(est.terms),
+        "run_ahead": int(est.run_ahead),
     }
 
 
