@@ -282,6 +282,9 @@ def _simulate(
         done = [t for t in op.outputs if t.name in consumed]
         for t in done:
             temps = [n for n in consumed[t.name] if n]
+            if at_peak is not None and live + sum(temps) > peak:
+                at_peak.clear()
+                at_peak.update(holders)
             peak = max(peak, live + sum(temps))
             if events is not None:
                 keys = [("update", t.name, j) for j in range(len(temps))]

@@ -209,7 +209,7 @@ def trace_step(
         events=None if update is not None else events, at_peak=alive
     )
     sums = _sums_with_input_in(ops, alive)
-    decay_copies = sum(n for name, (_, n) in held.items() if name in alive)
+    decay_copies = _alive_bytes(held, alive)
     # The sums Grappler rewrote into accumulations: each input is added,
     # and freed, as soon as it and the sum's buffer are there.
     accumulated = ()
@@ -232,7 +232,9 @@ def trace_step(
             accumulated=accumulated,
             spans=spans,
             held=held,
+            at_peak=alive,
         )
+        decay_copies = _alive_bytes(held, alive)
 
     def counted(n):
         return 0 if n < min_counted_bytes else n
@@ -257,6 +259,12 @@ def trace_step(
         decay_copies=decay_copies,
         run_ahead=run_ahead_bytes(run, shapes, counted),
     )
+
+
+def _alive_bytes(held, alive) -> int:
+    """Bytes of the copied weights' old buffers in `alive` (a peak's
+    buffers: the first read of each holds it)."""
+    return sum(n for name, (_, n) in held.items() if name in alive)
 
 
 def _decayed_reads(concrete, run, variables, nbytes) -> dict:
