@@ -232,7 +232,8 @@ SETS = (
         "heldout12",
         "model families in none of the sets above, fixed before it was "
         "measured, measured without an estimate (each case the median of 3 "
-        "runs in fresh processes), not estimated yet; "
+        "runs in fresh processes), estimated once with 8ccfd19's rules (the "
+        "same totals as 4b99103's); "
         "benchmarks/_estimator_heldout12.py says why each is new; the goal "
         "of issue #23: median |error| <= 6%, worst <= 12%, no one-sided bias",
     ),
@@ -277,6 +278,7 @@ docs/estimator.md says what changed):
 | AdamW cases of 3-10 | 4b99103 | 23 | 3.1% | 19.2% | -1.9% | 6 / 17 | 22 |
 | design | 4b99103 | 66 | 2.6% | 13.3% | -0.6% | 26 / 40 | 66 |
 | held-out 11 | 4b99103, once | 26 | 5.0% | 42.9% | -0.9% | 11 / 15 | 25 |
+| held-out 12 | 8ccfd19, once | 26 | 2.9% | 54.6% | -1.1% | 10 / 15 | 23 |
 
 """
 
