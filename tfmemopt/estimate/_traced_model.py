@@ -123,6 +123,7 @@ def trace_model(
                 nbytes,
                 sharded=s.shard_parameters,
             ),
+            in_loop=accumulating,
         )
 
     if swapped:
