@@ -251,7 +251,8 @@ on main before #23, at be52d2f, at 8b642fb, at 99d2b63 (the design,
 first and second sets read the same at 99d2b63 as at 8b642fb), at
 430888d (identical forward ops merged), at 69641c4 (the compiled
 loss traced), at 3ff4a1e (held blocks cut; no stored case moved), at
-d8c57ea and at 4b99103 (the weight decay's copy; only AdamW cases moved);
+d8c57ea, at 4b99103 (the weight decay's copy; only AdamW cases moved)
+and at 7d9989f (no Grappler rewrite in the window's loop; one case moved);
 docs/estimator.md says what changed):
 
 | set | estimator | n | median abs | worst | signed median | over/under | <15% |
@@ -282,6 +283,7 @@ docs/estimator.md says what changed):
 | design | 4b99103 | 66 | 2.6% | 13.3% | -0.6% | 26 / 40 | 66 |
 | held-out 11 | 4b99103, once | 26 | 5.0% | 42.9% | -0.9% | 11 / 15 | 25 |
 | held-out 12 | 8ccfd19, once | 26 | 2.9% | 54.6% | -1.1% | 10 / 15 | 23 |
+| held-out 12 | 7d9989f | 26 | 2.4% | 23.6% | -1.1% | 10 / 15 | 24 |
 
 """
 
