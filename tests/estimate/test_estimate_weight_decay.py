@@ -146,17 +146,16 @@ emit(out)
 
 
 @pytest.mark.slow
-def test_the_copy_is_measured_and_estimated():
+def test_the_copy_is_estimated_within_the_measured_peak():
     """The step's peak on CPU in a fresh process, Adam then AdamW, on an
-    MLP whose 2048x2048 kernel (16 MiB) the backward pass reads, at a
-    batch (2048) where the backward pass, not the update, peaks: measured
-    136.0 and 152.0 MiB (medians of 5 steps), estimated 136.3 and 152.3.
-    """
+    MLP whose 2048x2048 kernel (16 MiB) the backward pass reads, at batch
+    2048. Whether the copy meets the peak depends on timing: on a quiet
+    machine AdamW measured 152.0 MiB against Adam's 136.0 (estimated 152.3
+    and 136.3); in a CI run beside another test worker 134.0 against
+    136.0. So the estimate keeps the copy (`adamw_est - adam_est`), and is
+    checked against the measured AdamW peak with room for either."""
     (adam, adam_est), (adamw, adamw_est) = run_in_subprocess(_MEASURE, n_cpus=1)
     kernel = 2048 * 2048 * 4
-    assert adamw - adam >= 0.5 * kernel, (adam / MIB, adamw / MIB)
-    assert adamw_est - adam_est >= 0.9 * kernel, (
-        adam_est / MIB,
-        adamw_est / MIB,
-    )
+    assert adamw_est - adam_est >= 0.9 * kernel, (adam_est, adamw_est)
     assert abs(adamw_est - adamw) <= 0.15 * adamw, (adamw_est, adamw)
+    assert abs(adam_est - adam) <= 0.15 * adam, (adam_est, adam)
