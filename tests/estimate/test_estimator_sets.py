@@ -79,6 +79,7 @@ def _check_new_set(new, earlier, name):
         "heldout10",
         "heldout11",
         "heldout12",
+        "heldout13",
     ],
 )
 def test_a_later_heldout_set_is_new_and_covers_the_settings(which):
