@@ -244,8 +244,10 @@ SETS = (
         "heldout13",
         "model families in none of the sets above, fixed before it was "
         "measured, measured without an estimate (each case the median of 3 "
-        "runs in fresh processes), not yet estimated; "
-        "benchmarks/_estimator_heldout13.py says why each is new; the goal "
+        "runs in fresh processes), estimated once with 7d9989f's rules (the "
+        "last change, no Grappler rewrite in the window's loop, found on "
+        "set 12); benchmarks/_estimator_heldout13.py says why each is new; "
+        "the goal "
         "of issue #23: median |error| <= 6%, worst <= 12%, no one-sided bias",
     ),
 )
@@ -292,6 +294,7 @@ docs/estimator.md says what changed):
 | held-out 11 | 4b99103, once | 26 | 5.0% | 42.9% | -0.9% | 11 / 15 | 25 |
 | held-out 12 | 8ccfd19, once | 26 | 2.9% | 54.6% | -1.1% | 10 / 15 | 23 |
 | held-out 12 | 7d9989f | 26 | 2.4% | 23.6% | -1.1% | 10 / 15 | 24 |
+| held-out 13 | 7d9989f, once | 27 | 2.7% | 23.4% | -1.0% | 11 / 16 | 24 |
 
 """
 
