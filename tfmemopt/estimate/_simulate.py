@@ -206,18 +206,22 @@ def _simulate(
     lists = set()
     live = peak = 0
     sibling = None  # (inputs, outputs, scratch) of the last op with scratch
+
+    def allocate(name, n, key=None) -> int:
+        """A new buffer of `n` bytes for tensor `name`; returns `n`."""
+        buffer_of[name] = name
+        size[name] = n
+        holders[name] = {name}
+        if events is not None and n:
+            events.append((key or name, n))
+        return n
+
     for i, op in enumerate(ops):
         for t in op.outputs:
             total = sums.get(t.name)
             if total is not None and total.name not in buffer_of:
                 # A rewritten sum's buffer comes with its first input.
-                n = size_of(total) or 0
-                buffer_of[total.name] = total.name
-                size[total.name] = n
-                holders[total.name] = {total.name}
-                live += n
-                if events is not None and n:
-                    events.append((total.name, n))
+                live += allocate(total.name, size_of(total) or 0)
             if t.name in buffer_of:  # a rewritten sum, made before
                 continue
             if t.name not in last and t.name not in keep:
@@ -231,12 +235,7 @@ def _simulate(
                     holders[src].add(t.name)
                     continue
                 old_weight[variable] = t.name
-                buffer_of[t.name] = t.name
-                size[t.name] = n
-                holders[t.name] = {t.name}
-                live += n
-                if events is not None and n:
-                    events.append((t.name, n))
+                live += allocate(t.name, n)
                 continue
             shared = aliases.get(t.name)
             if shared is None and op.type in _ALIAS and op.inputs:
@@ -259,14 +258,9 @@ def _simulate(
                 buffer_of[t.name] = reused
                 holders[reused].add(t.name)
                 continue
-            buffer_of[t.name] = t.name
-            size[t.name] = n
-            holders[t.name] = {t.name}
-            live += n
-            if events is not None and n:
-                if t.dtype == tf.variant:  # a loop's list: its elements
-                    lists.add(t.name)  # are allocated one by one
-                events.append((_event_key(t.name, lists), n))
+            if t.dtype == tf.variant:  # a loop's list: its elements
+                lists.add(t.name)  # are allocated one by one
+            live += allocate(t.name, n, _event_key(t.name, lists))
         extra = scratch(op) if scratch else 0
         if extra:
             reads = {t.name for t in op.inputs if t.op.type not in _FREE}
