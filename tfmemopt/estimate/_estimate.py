@@ -222,7 +222,7 @@ def estimate_memory(
             f"{format_bytes(step.decay_copies)} at the step's peak, in "
             "`temporaries`"
         )
-    run_ahead = step.run_ahead if s.accumulation_steps > 1 else 0
+    run_ahead = step.run_ahead  # with accumulation only (`in_loop`)
     if run_ahead:
         notes.append(
             "recurrent layers in the accumulation window: a backward loop's "

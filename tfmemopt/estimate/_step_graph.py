@@ -83,8 +83,9 @@ class StepGraph:
     # buffer is still read at the peak (`decay`).
     decay_copies: int = 0
     # Bytes of weight gradients a recurrent layer's backward loop may hold
-    # at once when its iterations run ahead of their sums (a bound:
-    # `_while_loops.run_ahead_bytes`), not counted in `peak`.
+    # at once when its iterations run ahead of their sums, in a loop's body
+    # (`in_loop`; a bound: `_while_loops.run_ahead_bytes`), not counted in
+    # `peak`.
     run_ahead: int = 0
 
 
@@ -267,7 +268,7 @@ def trace_step(
         sums_at_peak=[size_of(op.outputs[0]) or 0 for op in sums],
         grappler_peak=grappler_peak,
         decay_copies=decay_copies,
-        run_ahead=run_ahead_bytes(run, shapes, counted),
+        run_ahead=run_ahead_bytes(run, shapes, counted) if in_loop else 0,
     )
 
 
