@@ -17,20 +17,20 @@ are kept), `--reestimate` (new estimates for the stored measurements, after
 a change to the estimator; trains nothing) or `--table` (the table again).
 `--design`, `--heldout`, `--heldout2`, `--heldout3`, `--heldout4`,
 `--heldout5`, `--heldout6`, `--heldout7`, `--heldout8`, `--heldout9`,
-`--heldout10`, `--heldout11`, `--heldout12` or `--heldout13` measure one
-set's models;
+`--heldout10`, `--heldout11`, `--heldout12`, `--heldout13` or
+`--heldout14` measure one set's models;
 with `--again`,
 one more run of them, each case's `measured` the median over the runs
 (the held-out sets are the median of 3 runs: run once, then twice with
 `--again`). The
-third to thirteenth held-out sets are measured without an estimate (their
+third to fourteenth held-out sets are measured without an estimate (their
 rows' `estimate` is null, and the table leaves their models out until
 they have one): each is estimated once, by `--heldout3 --reestimate`,
 `--heldout4 --reestimate`, `--heldout5 --reestimate`, `--heldout6
 --reestimate`, `--heldout7 --reestimate`, `--heldout8 --reestimate`,
 `--heldout9 --reestimate`, `--heldout10 --reestimate`, `--heldout11
---reestimate`, `--heldout12 --reestimate` or `--heldout13 --reestimate`,
-after the estimator's rules are final.
+--reestimate`, `--heldout12 --reestimate`, `--heldout13 --reestimate` or
+`--heldout14 --reestimate`, after the estimator's rules are final.
 
 The estimate is for `tfmemopt.Model`'s train step (`trainer="tfmemopt"`),
 which is what is measured.
@@ -78,6 +78,8 @@ from _estimator_heldout12 import HELDOUT12  # noqa: E402
 from _estimator_heldout12 import build_heldout12  # noqa: E402
 from _estimator_heldout13 import HELDOUT13  # noqa: E402
 from _estimator_heldout13 import build_heldout13  # noqa: E402
+from _estimator_heldout14 import HELDOUT14  # noqa: E402
+from _estimator_heldout14 import build_heldout14  # noqa: E402
 from _estimator_table import summarize  # noqa: E402
 from _estimator_table import write_table  # noqa: E402
 
@@ -107,8 +109,9 @@ VARIANTS = ("base", "accumulation=4", "checkpointing=auto", "mixed_bfloat16")
 # _estimator_heldout3.py, _estimator_heldout4.py, _estimator_heldout5.py,
 # _estimator_heldout6.py, _estimator_heldout7.py, _estimator_heldout8.py,
 # _estimator_heldout9.py, _estimator_heldout10.py,
-# _estimator_heldout11.py, _estimator_heldout12.py and
-# _estimator_heldout13.py, with why each family is held out.
+# _estimator_heldout11.py, _estimator_heldout12.py,
+# _estimator_heldout13.py and _estimator_heldout14.py, with why each
+# family is held out.
 # The held-out sets in the order they were made: name -> (model -> cases,
 # builder).
 HELDOUT_SETS = {
@@ -125,6 +128,7 @@ HELDOUT_SETS = {
     "heldout11": (HELDOUT11, build_heldout11),
     "heldout12": (HELDOUT12, build_heldout12),
     "heldout13": (HELDOUT13, build_heldout13),
+    "heldout14": (HELDOUT14, build_heldout14),
 }
 ALL = list(MODELS) + [
     name for models, _ in HELDOUT_SETS.values() for name in models
@@ -142,6 +146,7 @@ MEASURE_ONLY = (
     "heldout11",
     "heldout12",
     "heldout13",
+    "heldout14",
 )
 
 
@@ -149,7 +154,7 @@ def set_of(name):
     """'design' (the rules were designed on it), 'heldout' (the first
     held-out set, used since to find defects), 'heldout2' (the second,
     measured once after it was fixed, used since to diagnose) or
-    'heldout3' / ... / 'heldout13' (the third to thirteenth, measured
+    'heldout3' / ... / 'heldout14' (the third to fourteenth, measured
     without an estimate, each estimated once after the rules are final)."""
     for which, (models, _) in HELDOUT_SETS.items():
         if name in models:
@@ -406,7 +411,7 @@ def run_model(name, cases):
                 peaks.append(device_memory()["peak"] - base)
         except Exception as e:
             error = error or f"training failed: {type(e).__name__}"
-        # The third to thirteenth held-out sets are measured only;
+        # The third to fourteenth held-out sets are measured only;
         # --reestimate estimates each once the estimator's rules are final.
         est, seconds = (
             (None, None)
@@ -625,8 +630,8 @@ def main():
     only = [a for a in sys.argv[1:] if not a.startswith("--") and a != rule]
     # --design / --heldout / --heldout2 / --heldout3 / --heldout4 /
     # --heldout5 / --heldout6 / --heldout7 / --heldout8 / --heldout9 /
-    # --heldout10 / --heldout11 / --heldout12 / --heldout13: one set's
-    # models only.
+    # --heldout10 / --heldout11 / --heldout12 / --heldout13 /
+    # --heldout14: one set's models only.
     # --again:
     # another run of the named models, measured = the median over the runs.
     sets = {"design": MODELS}
@@ -662,7 +667,7 @@ def main():
         rows += got
         for r in got:
             m = r["measured"]
-            if r["estimate"] is None:  # measured only (sets 3 to 13)
+            if r["estimate"] is None:  # measured only (sets 3 to 14)
                 print(
                     f"{name:19s} {r['variant']:20s} B={r['batch']:5d} "
                     f"measured={(m or 0) / MIB:8.1f} MiB "
