@@ -239,6 +239,15 @@ def estimate_memory(
     # The window's end, the activations freed: what it holds beyond
     # `accumulation` is a temporary.
     temporaries = max(temporaries, window_end - state.gradients - activations)
+    if step.folded:  # allocated before the first step, kept
+        temporaries += sum(step.folded)
+        notes.append(
+            f"{len(step.folded)} constant(s) that Grappler folds "
+            "zeros_like / ones_like / fill of a known shape into (e.g. in "
+            "the gradient of clip_by_value): "
+            f"{format_bytes(sum(step.folded))}, allocated once and kept, "
+            "in `temporaries`"
+        )
     if s.floor and not s.shard_parameters:
         temporaries += cpu_allocator(model, trainable, step, s, update, notes)
     if replicas > 1 and not s.shard_parameters:

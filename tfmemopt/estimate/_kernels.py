@@ -3,6 +3,8 @@ what Grappler's rewrites of the graph add."""
 
 from __future__ import annotations
 
+import tensorflow as tf
+
 
 def _einsum_copies(equation: str):
     """`(inputs copied, output copied)` by TensorFlow's Einsum kernel.
@@ -78,3 +80,49 @@ def rewritten_sum_zeros(step, device_bytes: int = CPU_DEVICE_BYTES) -> int:
     if not sums_rewritten(step.grappler_peak, device_bytes):
         return 0
     return sum(step.sums_at_peak)
+
+
+# Ops whose output Grappler's constant folding turns into a constant when
+# its shape is fully known (constant_folding.cc,
+# `MaterializeConstantValuedNode`: "represented compactly ... regardless of
+# their shape"), and a `Fill` of constant inputs; a constant's kernel
+# allocates its tensor once, when the graph's kernels are made, and holds
+# it for the whole run.
+_CONSTANT_VALUED = {"ZerosLike": 0.0, "OnesLike": 1.0}
+
+
+def folded_constants(ops, size_of):
+    """`(names, sizes)`: the outputs of `ops` that Grappler folds into
+    constants (a `ZerosLike` / `OnesLike` of a fully known shape, a `Fill`
+    whose inputs are constants), which the step does not
+    allocate; and the bytes of each constant the run keeps, equal ones
+    (dtype, shape and value) counted once, as Grappler merges them.
+
+    Allocator trace of a PSPNet-like net under `mixed_bfloat16`, batch 32:
+    the gradients of its ten bilinear up-samplings' `clip_by_value` read
+    `zeros_like` of their outputs; none is allocated in the step, and two
+    constants (`.../clip_by_value/zeros_like`, one per shape, 23.6 and
+    2.25 MiB) are allocated in the first step and never freed. Counted in
+    the step, as before, the two largest were alive at the simulated peak:
+    estimated +23.4% (257.7 MiB against a measured 208.8).
+    """
+    names, kept = set(), {}
+    for op in ops:
+        if not op.outputs:
+            continue
+        t = op.outputs[0]
+        shape = t.shape
+        if shape.rank is None or not shape.is_fully_defined():
+            continue
+        if t.dtype in (tf.variant, tf.resource):  # a TensorList's zeros
+            continue
+        if op.type in _CONSTANT_VALUED:
+            value = _CONSTANT_VALUED[op.type]
+        elif op.type == "Fill" and all(u.op.type == "Const" for u in op.inputs):
+            value = tf.get_static_value(op.inputs[1]).item()
+        else:
+            continue
+        names.add(t.name)
+        key = (t.dtype, tuple(shape.as_list()), value)
+        kept[key] = max(kept.get(key, 0), size_of(t) or 0)
+    return names, [n for n in kept.values() if n]

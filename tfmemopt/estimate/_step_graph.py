@@ -30,7 +30,9 @@ from tfmemopt.estimate._gathered_tensors import _identity_slices
 from tfmemopt.estimate._gathered_tensors import _unowned_free
 from tfmemopt.estimate._kept import _kept_for_backward
 from tfmemopt.estimate._kept import _units_at
+from tfmemopt.estimate._kept import gradient_seed
 from tfmemopt.estimate._kernels import _einsum_copies
+from tfmemopt.estimate._kernels import folded_constants
 from tfmemopt.estimate._kernels import sums_rewritten
 from tfmemopt.estimate._simulate import _simulate
 from tfmemopt.estimate._step_trace import _model_scope
@@ -87,6 +89,10 @@ class StepGraph:
     # (`in_loop`; a bound: `_while_loops.run_ahead_bytes`), not counted in
     # `peak`.
     run_ahead: int = 0
+    # Bytes of each constant Grappler folds a constant-valued op into
+    # (`_kernels.folded_constants`): allocated once, before the first
+    # step, and kept; not in `peak`.
+    folded: list = dataclasses.field(default_factory=list)
 
 
 def trace_step(
@@ -169,10 +175,19 @@ def trace_step(
     # a constant one (Grappler folds it).
     slices = _identity_slices(run)
     aliases = {**aliases, **same}
-    sim_aliases = {**aliases, **slices, **times_one(run)}
-    sim_size = _unowned_free(size_of, sim_aliases)
+    ones = times_one(run)
+    sim_aliases = {**aliases, **slices, **ones}
+    # Constant-valued ops Grappler folds are allocated once, before the
+    # step (`folded`), not by it.
+    # (The tape's seed stands for the broadcast gradient of the loss's
+    # mean, which the step makes.)
+    seed = gradient_seed(ops[n_fwd:])
+    constants, folded = folded_constants(
+        [op for op in run if op.name not in seed], size_of
+    )
+    sim_size = _without(_unowned_free(size_of, sim_aliases), constants)
     saved_by_layer, unknown = _kept_for_backward(
-        ops[n_fwd:], fwd_names, path_of, size_of, same
+        ops[n_fwd:], fwd_names, path_of, size_of, same, views=ones
     )
     segments = {
         depth: _units_at(
@@ -269,7 +284,17 @@ def trace_step(
         grappler_peak=grappler_peak,
         decay_copies=decay_copies,
         run_ahead=run_ahead_bytes(run, shapes, counted) if in_loop else 0,
+        folded=folded,
     )
+
+
+def _without(size_of, names):
+    """`size_of` with the tensors in `names` counted 0."""
+
+    def size(t):
+        return 0 if t.name in names else size_of(t)
+
+    return size
 
 
 def _alive_bytes(held, alive) -> int:

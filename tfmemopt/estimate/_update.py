@@ -303,6 +303,7 @@ def chunks(
     persistent = list(weights) + [n for n in sizes for _ in range(slots)]
     persistent += [n for state in update.state_each for n in state]
     persistent += update.resident_each
+    persistent += step.folded  # Grappler's constants, made with the kernels
     if accumulating:
         persistent += sizes
     per_weight = update.per_weight
