@@ -35,7 +35,9 @@ _FREE = {
 def _kept_for_backward(
     backward_ops, fwd_names, path_of, size_of, same=None, views=None
 ):
-    """Forward tensors read by gradient ops: the activations kept.
+    """Forward tensors read by gradient ops: the activations kept; where a
+    gradient op runs in the forward pass (`_early_ops`), its output in
+    place of its inputs.
 
     `same`: tensor name -> the tensor that replaces it (`_dedup`): a
     tensor and its replacement are kept once. `views`: tensor name -> the
@@ -74,7 +76,7 @@ def _kept_for_backward(
 
 # Ops whose output depends on their input's shape alone, and dtypes that
 # are handles (a variable, a loop's TensorList), not data.
-_CONSTANT_VALUED = {"ZerosLike", "OnesLike", "Fill"}
+_SHAPE_ONLY = {"ZerosLike", "OnesLike", "Fill"}
 _HANDLES = (tf.resource, tf.variant)
 
 
@@ -96,6 +98,8 @@ def _early_ops(backward_ops, fwd_names, views=None) -> dict:
     there; counted as kept, the activations were 182.4 MiB where the
     simulated step peaks at 160.5."""
     late, early = gradient_seed(backward_ops), {}
+    if not late:  # no seed found: nothing is known to be early
+        return early
     for op in backward_ops:
         if op.name in late:
             continue
@@ -103,7 +107,7 @@ def _early_ops(backward_ops, fwd_names, views=None) -> dict:
         if any(p.name in late for p in preds):
             late.add(op.name)
             continue
-        if op.type in _CONSTANT_VALUED or any(
+        if op.type in _SHAPE_ONLY or any(
             t.dtype in _HANDLES or t.name in (views or {}) for t in op.outputs
         ):
             continue  # made from a shape (or a loop's list), or a view

@@ -94,9 +94,12 @@ _CONSTANT_VALUED = {"ZerosLike": 0.0, "OnesLike": 1.0}
 def folded_constants(ops, size_of):
     """`(names, sizes)`: the outputs of `ops` that Grappler folds into
     constants (a `ZerosLike` / `OnesLike` of a fully known shape, a `Fill`
-    whose inputs are constants), which the step does not
-    allocate; and the bytes of each constant the run keeps, equal ones
-    (dtype, shape and value) counted once, as Grappler merges them.
+    whose inputs are constants), which the step does not allocate; and the
+    bytes of each constant the run keeps, equal `Fill`s (dtype, shape and
+    value) counted once, as Grappler merges them (measured: the clips'
+    zeros below). A `ZerosLike` / `OnesLike` counts once per input: its
+    constant keeps a control edge from the input, so constants of
+    different inputs are not assumed merged (not measured).
 
     Allocator trace of a PSPNet-like net under `mixed_bfloat16`, batch 32:
     the gradients of its ten bilinear up-samplings' `clip_by_value` read
@@ -117,7 +120,9 @@ def folded_constants(ops, size_of):
         if t.dtype in (tf.variant, tf.resource):  # a TensorList's zeros
             continue
         if op.type in _CONSTANT_VALUED:
-            value = _CONSTANT_VALUED[op.type]
+            # Folded, it keeps a control edge from its input: equal ones
+            # of different inputs are not assumed merged.
+            value = (_CONSTANT_VALUED[op.type], op.inputs[0].name)
         elif op.type == "Fill" and all(u.op.type == "Const" for u in op.inputs):
             value = tf.get_static_value(op.inputs[1]).item()
         else:
