@@ -279,7 +279,7 @@ loss traced), at 3ff4a1e (held blocks cut; no stored case moved), at
 d8c57ea, at 4b99103 (the weight decay's copy; only AdamW cases moved),
 at 7d9989f (no Grappler rewrite in the window's loop; one case moved) and
 at bf1f4ce (the constants Grappler folds, the gradient ops of the forward
-pass; 35 cases moved);
+pass; with 09efac1's review, the same figures, 34 cases moved);
 docs/estimator.md says what changed):
 
 | set | estimator | n | median abs | worst | signed median | over/under | <15% |
