@@ -17,20 +17,21 @@ are kept), `--reestimate` (new estimates for the stored measurements, after
 a change to the estimator; trains nothing) or `--table` (the table again).
 `--design`, `--heldout`, `--heldout2`, `--heldout3`, `--heldout4`,
 `--heldout5`, `--heldout6`, `--heldout7`, `--heldout8`, `--heldout9`,
-`--heldout10`, `--heldout11`, `--heldout12`, `--heldout13` or
-`--heldout14` measure one set's models;
+`--heldout10`, `--heldout11`, `--heldout12`, `--heldout13`,
+`--heldout14` or `--heldout15` measure one set's models;
 with `--again`,
 one more run of them, each case's `measured` the median over the runs
 (the held-out sets are the median of 3 runs: run once, then twice with
 `--again`). The
-third to fourteenth held-out sets are measured without an estimate (their
+third to fifteenth held-out sets are measured without an estimate (their
 rows' `estimate` is null, and the table leaves their models out until
 they have one): each is estimated once, by `--heldout3 --reestimate`,
 `--heldout4 --reestimate`, `--heldout5 --reestimate`, `--heldout6
 --reestimate`, `--heldout7 --reestimate`, `--heldout8 --reestimate`,
 `--heldout9 --reestimate`, `--heldout10 --reestimate`, `--heldout11
---reestimate`, `--heldout12 --reestimate`, `--heldout13 --reestimate` or
-`--heldout14 --reestimate`, after the estimator's rules are final.
+--reestimate`, `--heldout12 --reestimate`, `--heldout13 --reestimate`,
+`--heldout14 --reestimate` or `--heldout15 --reestimate`, after the
+estimator's rules are final.
 
 The estimate is for `tfmemopt.Model`'s train step (`trainer="tfmemopt"`),
 which is what is measured.
@@ -80,6 +81,8 @@ from _estimator_heldout13 import HELDOUT13  # noqa: E402
 from _estimator_heldout13 import build_heldout13  # noqa: E402
 from _estimator_heldout14 import HELDOUT14  # noqa: E402
 from _estimator_heldout14 import build_heldout14  # noqa: E402
+from _estimator_heldout15 import HELDOUT15  # noqa: E402
+from _estimator_heldout15 import build_heldout15  # noqa: E402
 from _estimator_table import summarize  # noqa: E402
 from _estimator_table import write_table  # noqa: E402
 
@@ -110,8 +113,8 @@ VARIANTS = ("base", "accumulation=4", "checkpointing=auto", "mixed_bfloat16")
 # _estimator_heldout6.py, _estimator_heldout7.py, _estimator_heldout8.py,
 # _estimator_heldout9.py, _estimator_heldout10.py,
 # _estimator_heldout11.py, _estimator_heldout12.py,
-# _estimator_heldout13.py and _estimator_heldout14.py, with why each
-# family is held out.
+# _estimator_heldout13.py, _estimator_heldout14.py and
+# _estimator_heldout15.py, with why each family is held out.
 # The held-out sets in the order they were made: name -> (model -> cases,
 # builder).
 HELDOUT_SETS = {
@@ -129,6 +132,7 @@ HELDOUT_SETS = {
     "heldout12": (HELDOUT12, build_heldout12),
     "heldout13": (HELDOUT13, build_heldout13),
     "heldout14": (HELDOUT14, build_heldout14),
+    "heldout15": (HELDOUT15, build_heldout15),
 }
 ALL = list(MODELS) + [
     name for models, _ in HELDOUT_SETS.values() for name in models
@@ -147,6 +151,7 @@ MEASURE_ONLY = (
     "heldout12",
     "heldout13",
     "heldout14",
+    "heldout15",
 )
 
 
@@ -154,7 +159,7 @@ def set_of(name):
     """'design' (the rules were designed on it), 'heldout' (the first
     held-out set, used since to find defects), 'heldout2' (the second,
     measured once after it was fixed, used since to diagnose) or
-    'heldout3' / ... / 'heldout14' (the third to fourteenth, measured
+    'heldout3' / ... / 'heldout15' (the third to fifteenth, measured
     without an estimate, each estimated once after the rules are final)."""
     for which, (models, _) in HELDOUT_SETS.items():
         if name in models:
@@ -411,7 +416,7 @@ def run_model(name, cases):
                 peaks.append(device_memory()["peak"] - base)
         except Exception as e:
             error = error or f"training failed: {type(e).__name__}"
-        # The third to fourteenth held-out sets are measured only;
+        # The third to fifteenth held-out sets are measured only;
         # --reestimate estimates each once the estimator's rules are final.
         est, seconds = (
             (None, None)
@@ -631,7 +636,7 @@ def main():
     # --design / --heldout / --heldout2 / --heldout3 / --heldout4 /
     # --heldout5 / --heldout6 / --heldout7 / --heldout8 / --heldout9 /
     # --heldout10 / --heldout11 / --heldout12 / --heldout13 /
-    # --heldout14: one set's models only.
+    # --heldout14 / --heldout15: one set's models only.
     # --again:
     # another run of the named models, measured = the median over the runs.
     sets = {"design": MODELS}
@@ -667,7 +672,7 @@ def main():
         rows += got
         for r in got:
             m = r["measured"]
-            if r["estimate"] is None:  # measured only (sets 3 to 14)
+            if r["estimate"] is None:  # measured only (sets 3 to 15)
                 print(
                     f"{name:19s} {r['variant']:20s} B={r['batch']:5d} "
                     f"measured={(m or 0) / MIB:8.1f} MiB "
