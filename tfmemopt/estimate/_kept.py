@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from tfmemopt.estimate._kernels import HANDLES
+from tfmemopt.estimate._kernels import SHAPE_ONLY
+
 # Ops whose output shares its input's buffer.
 _ALIAS = {
     "Identity",
@@ -74,12 +77,6 @@ def _kept_for_backward(
     return saved_by_layer, unknown
 
 
-# Ops whose output depends on their input's shape alone, and dtypes that
-# are handles (a variable, a loop's TensorList), not data.
-_SHAPE_ONLY = {"ZerosLike", "OnesLike", "Fill"}
-_HANDLES = (tf.resource, tf.variant)
-
-
 def _early_ops(backward_ops, fwd_names, views=None) -> dict:
     """Gradient ops that need nothing of the loss's gradient: the mask
     `LessEqual(x, y)` of a `Minimum`'s gradient, the `Pow(x, 2)` of a
@@ -107,15 +104,15 @@ def _early_ops(backward_ops, fwd_names, views=None) -> dict:
         if any(p.name in late for p in preds):
             late.add(op.name)
             continue
-        if op.type in _SHAPE_ONLY or any(
-            t.dtype in _HANDLES or t.name in (views or {}) for t in op.outputs
+        if op.type in SHAPE_ONLY or any(
+            t.dtype in HANDLES or t.name in (views or {}) for t in op.outputs
         ):
             continue  # made from a shape (or a loop's list), or a view
         source = None
         for t in op.inputs:
             t = _buffer_of(t, views)
             name = t.op.name
-            if t.dtype in _HANDLES:
+            if t.dtype in HANDLES:
                 continue
             if name in fwd_names and t.op.type not in _FREE:
                 source = source or name

@@ -89,6 +89,10 @@ def rewritten_sum_zeros(step, device_bytes: int = CPU_DEVICE_BYTES) -> int:
 # allocates its tensor once, when the graph's kernels are made, and holds
 # it for the whole run.
 _CONSTANT_VALUED = {"ZerosLike": 0.0, "OnesLike": 1.0}
+# Ops whose output depends on their input's shape alone.
+SHAPE_ONLY = {*_CONSTANT_VALUED, "Fill"}
+# Dtypes that are handles (a variable, a loop's TensorList), not data.
+HANDLES = (tf.resource, tf.variant)
 
 
 def folded_constants(ops, size_of):
@@ -117,7 +121,7 @@ def folded_constants(ops, size_of):
         shape = t.shape
         if shape.rank is None or not shape.is_fully_defined():
             continue
-        if t.dtype in (tf.variant, tf.resource):  # a TensorList's zeros
+        if t.dtype in HANDLES:  # a TensorList's zeros
             continue
         if op.type in _CONSTANT_VALUED:
             # Folded, it keeps a control edge from its input: equal ones
