@@ -65,6 +65,12 @@ _IN_PLACE = {
 }
 
 
+# An update whose temporaries are less than 1/4 of a lingering update's (a
+# bias's or a normalization's scale's beside a kernel's) runs in its gaps
+# and leaves it running (`lingering`).
+_RUNS_IN_ITS_GAPS = 4
+
+
 def _reusable_input(op, i, n, last, keep, buffer_of, holders, size):
     """The buffer an element-wise op `i` writes its output into, or None:
     an input of the same size that only this op reads and nothing else
@@ -157,6 +163,24 @@ def _last_reads(ops, aliases, accumulated, spans):
     return read, last, due, sums
 
 
+def _at(peak, live, at_peak, holders) -> int:
+    """The peak with `live` bytes allocated; `at_peak` (if given) takes
+    the buffers held (`holders`) when `live` is a new peak."""
+    if at_peak is not None and live > peak:
+        at_peak.clear()
+        at_peak.update(holders)
+    return max(peak, live)
+
+
+def _update_ends(i, op, runs, spans, starts) -> int:
+    """The index of the last op that starts before an update of `runs`
+    (`spans`' units) that starts as `op`, the `i`-th, ends: `len(starts)`
+    (never) without `spans`."""
+    if op.name not in spans:
+        return len(starts)
+    return max(i, bisect.bisect_left(starts, spans[op.name][1] + runs) - 1)
+
+
 def _event_key(name, lists):
     """An event's key: `("list", name)` for a loop's TensorList."""
     return ("list", name) if name in lists else name
@@ -175,6 +199,7 @@ def _simulate(
     accumulated=(),
     spans=None,
     held=None,
+    lingering=None,
 ):
     """Peak live bytes when `ops` run in order, freeing after last use.
 
@@ -197,15 +222,24 @@ def _simulate(
     copied while the step reads it (`_update.decayed_early`): the reads
     of one variable share one buffer of its bytes, the old weight, freed
     after the last of them.
+    `lingering`: a consumed gradient's name -> how long (`spans`' units)
+    its update's temporaries stay allocated beside the ops that start
+    meanwhile: until then, or until the next update has made its first
+    temporary, unless that one is much smaller (`_RUNS_IN_ITS_GAPS`) and
+    runs in its gaps (`_update.Consumer.runs`).
     """
     read, last, due, sums = _last_reads(ops, aliases, accumulated, spans)
-    consumed = consumed or {}
+    consumed, lingering, spans = consumed or {}, lingering or {}, spans or {}
     keep = {t.name for t in outputs if t.name not in consumed}
     buffer_of, size, holders = {}, {}, {}
     held, old_weight = held or {}, {}
     lists = set()
     live = peak = 0
     sibling = None  # (inputs, outputs, scratch) of the last op with scratch
+    # (keys, bytes, index of the last op it runs beside): the lingering
+    # temporaries of the update that runs.
+    running = None
+    starts = [spans[op.name][0] if op.name in spans else 0 for op in ops]
 
     def allocate(name, n, key=None) -> int:
         """A new buffer of `n` bytes for tensor `name`; returns `n`."""
@@ -269,22 +303,35 @@ def _simulate(
             sibling = (reads, {t.name for t in op.outputs}, scratch(op))
             if events is not None:
                 events += [(("scratch", i), extra), (("scratch", i), None)]
-        if at_peak is not None and live + extra > peak:
-            at_peak.clear()
-            at_peak.update(holders)
-        peak = max(peak, live + extra)
+        peak = _at(peak, live + extra, at_peak, holders)
         done = [t for t in op.outputs if t.name in consumed]
         for t in done:
             temps = [n for n in consumed[t.name] if n]
-            if at_peak is not None and live + sum(temps) > peak:
-                at_peak.clear()
-                at_peak.update(holders)
-            peak = max(peak, live + sum(temps))
+            keys = [("update", t.name, j) for j in range(len(temps))]
+            made = list(zip(keys, temps))
+            if running and sum(temps) * _RUNS_IN_ITS_GAPS >= running[1]:
+                # It runs on as this update makes its first temporary.
+                peak = _at(peak, live + sum(temps[:1]), at_peak, holders)
+                live -= running[1]
+                if events is not None:
+                    events += made[:1] + [(k, None) for k in running[0]]
+                made, running = made[1:], None
+            peak = _at(peak, live + sum(temps), at_peak, holders)
             if events is not None:
-                keys = [("update", t.name, j) for j in range(len(temps))]
-                events += list(zip(keys, temps)) + [(k, None) for k in keys]
+                events += made
+            if lingering.get(t.name) and temps and not running:
+                live += sum(temps)
+                end = _update_ends(i, op, lingering[t.name], spans, starts)
+                running = (keys, sum(temps), end)
+            elif events is not None:
+                events += [(k, None) for k in keys]
             if t.name not in last:
                 last[t.name] = i  # freed below, with the op's inputs
+        if running and running[2] <= i:  # its ops have run
+            live -= running[1]
+            if events is not None:
+                events += [(k, None) for k in running[0]]
+            running = None
         for name in _read_names(done + due.pop(i, []), aliases):
             if last.get(name) != i or name in keep:
                 continue

@@ -120,8 +120,9 @@ def trace_step(
         input_shape, sequence_length, min_counted_bytes: as for
             `estimate_memory` (tensors below `min_counted_bytes` count 0).
         update: optional callable: the model's trainable variables -> a
-            list, per variable, of the sizes of the temporaries that consume
-            its gradient as soon as it is made (`[]`: consumed in place);
+            list, per variable, of what consumes its gradient as soon as it
+            is made (`_update.Consumer`: the sizes of its temporaries, `[]`
+            when consumed in place, and how long they linger);
             the step is then also simulated so (`updating_peak`; `events`
             are from that run).
         owner: optional model whose long-sequence options
@@ -327,15 +328,16 @@ def _simulate_updating(
     """The step's peak when each gradient is consumed as soon as it is made.
 
     The function's outputs are Identity ops at its end: the update reads the
-    gradient they pass on. `update` gives, per trainable variable, the sizes
-    of the temporaries that consume its gradient; `events` are filled from
+    gradient they pass on. `update` gives, per trainable variable, what
+    consumes its gradient (`_update.Consumer`); `events` are filled from
     this run."""
-    consumed = {}
-    temps_of = update(model.trainable_variables)
-    for g, temps in zip(concrete.structured_outputs, temps_of):
+    consumed, lingering = {}, {}
+    uses = update(model.trainable_variables)
+    for g, use in zip(concrete.structured_outputs, uses):
         g = getattr(g, "values", g)  # a sparse gradient's rows
         if g is not None:
-            consumed[_source(g).name] = temps
+            consumed[_source(g).name] = use.temporaries
+            lingering[_source(g).name] = use.runs
     outputs = list(concrete.graph.outputs)
     ends = {t.op.name for t in outputs if _source(t).name != t.name}
     return _simulate(
@@ -346,6 +348,7 @@ def _simulate_updating(
         scratch,
         events=events,
         consumed=consumed,
+        lingering=lingering,
         **kwargs,
     )
 

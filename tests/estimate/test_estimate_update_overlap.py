@@ -1,0 +1,202 @@
+"""An optimizer's update overlaps the next one (issue #23): Adam updates a
+weight in a chain of a dozen element-wise ops, so its two temporaries are
+still allocated when the backward pass has made the next weight's gradient
+and that update its first temporary, unless the ops that run meanwhile
+take longer than the update's own (its bytes read and written).
+Allocator traces on CPU: a chain of Dense(1024) kernels at batch 1, each
+kernel's `adam/Sqrt` alive beside the next kernel's gradient and
+`adam/Square`; the held-out FlowNetS-like net at batch 8, the step's
+peak, where a deconvolution kernel's `adam/Mul` and `adam/Sqrt` (8 MiB
+each) were alive beside the next kernel's gradient and `adam/Square` (9
+MiB each)."""
+
+import keras
+import pytest
+import tensorflow as tf
+
+from tfmemopt.estimate import _step_graph
+from tfmemopt.estimate import _step_trace
+from tfmemopt.estimate import _update
+from tfmemopt.estimate._simulate import _simulate
+
+MIB = 1 << 20
+
+
+def _graph(build):
+    g = tf.Graph()
+    with g.as_default():
+        build()
+    return g.get_operations()
+
+
+def _size(t):
+    return _step_trace._nbytes(t) or 0
+
+
+def _gradients(*sizes):
+    # One gradient per size (MiB), made one after another from `x`: each
+    # is consumed by its weight's update.
+    def build():
+        x = tf.compat.v1.placeholder(tf.float32, (1024,), name="x")
+        for i, n in enumerate(sizes):
+            tf.tile(x, [256 * n], name=f"g{i}")
+
+    ops = _graph(build)
+    return ops, [op.outputs[0] for op in ops if op.type == "Tile"]
+
+
+NEVER = 1 << 60  # an update that lasts longer than the step
+
+
+def _peak(sizes, temps, lingering, events=None, runs=NEVER, spans=None):
+    ops, grads = _gradients(*sizes)
+    consumed = {g.name: [n * MIB for n in t] for g, t in zip(grads, temps)}
+    return _simulate(
+        ops,
+        [],
+        _size,
+        {},
+        in_place=False,
+        consumed=consumed,
+        lingering={g.name: runs if lingering else 0 for g in grads},
+        events=events,
+        spans=spans,
+    )
+
+
+def test_an_update_s_temporaries_linger_until_the_next_update_makes_one():
+    # Two 4 MiB gradients, each updated with two 4 MiB temporaries: at
+    # once, one gradient and its update's (12 MiB); lingering, the first
+    # update's two beside the second gradient and its first (16 MiB).
+    sizes, temps = [4, 4], [[4, 4], [4, 4]]
+    assert _peak(sizes, temps, lingering=False) == 12 * MIB + 4096
+    assert _peak(sizes, temps, lingering=True) == 16 * MIB + 4096
+
+
+def test_a_much_smaller_update_runs_in_the_gaps_of_the_lingering_one():
+    # A kernel, its bias, the next kernel (8, 1 and 8 MiB). The bias's
+    # update is 1/8 of the kernel's: it runs in its gaps, and the next
+    # kernel still meets the first kernel's update: 8+8 + 8+8.
+    assert _peak([8, 1, 8], [[8, 8], [1, 1], [8, 8]], True) == 32 * MIB + 4096
+    # A bias of 1/4 ends it, and lingers in its turn (2+2): the next
+    # kernel meets that, 2+2 + 8+8, or its own update, 8 + 8+8.
+    assert _peak([8, 2, 8], [[8, 8], [2, 2], [8, 8]], True) == 24 * MIB + 4096
+
+
+def test_a_lingering_update_is_freed_in_the_events():
+    events = []
+    _peak([4, 4], [[4, 4], [4, 4]], lingering=True, events=events)
+    updates = [
+        k for k, n in events if isinstance(k, tuple) and k[0] == "update"
+    ]
+    made = [k for k, n in events if n and k in updates]
+    freed = [k for k, n in events if n is None and k in updates]
+    assert len(made) == 4
+    # The first update's two are freed after the second's first is made,
+    # before its second.
+    assert freed[:2] == made[:2]
+    first, second = (events.index((made[j], 4 * MIB)) for j in (2, 3))
+    assert first < events.index((made[0], None)) < second
+
+
+def test_an_update_ends_when_its_ops_have_run():
+    # Three 4 MiB gradients, one op each, 10 units apart (`spans`: each
+    # runs 10 units, then nothing for 10). An update that runs 5 units is
+    # over before the next gradient is made; one of 25 units meets it.
+    ops, _ = _gradients(4, 4, 4)
+    spans, at = {}, 0
+    for op in ops:  # x and each tile's multiples: no time of their own
+        if op.type == "Tile":
+            spans[op.name] = (at, at + 10)
+            at += 20
+        else:
+            spans[op.name] = (at, at)
+    sizes, temps = [4, 4, 4], [[4, 4], [4, 4], [4, 4]]
+    assert _peak(sizes, temps, True, runs=5, spans=spans) == 12 * MIB + 4096
+    assert _peak(sizes, temps, True, runs=25, spans=spans) == 16 * MIB + 4096
+
+
+@pytest.mark.parametrize(
+    "optimizer, traffic",
+    [
+        # g - m 3, its product 2, assign_add 3; square(g) 2, - v 3, its
+        # product 2, assign_add 3; m * alpha 2, sqrt 2, + eps 2, / 3,
+        # assign_sub 3.
+        (keras.optimizers.Adam, 30),
+        (lambda: keras.optimizers.Adam(amsgrad=True), 35),
+        (lambda: keras.optimizers.SGD(momentum=0.9), 12),
+    ],
+)
+def test_an_update_s_traffic_is_traced(optimizer, traffic):
+    assert _update.update_traffic(optimizer()) == traffic
+    # Keras's weight decay (`AdamW`) adds its product and assignment.
+    assert _update.update_traffic(keras.optimizers.AdamW()) > 30
+
+
+@pytest.mark.parametrize(
+    "optimizer, copies, lingers",
+    [
+        (keras.optimizers.Adam, 2, True),
+        (keras.optimizers.AdamW, 2, True),
+        (lambda: keras.optimizers.SGD(momentum=0.9), 2, True),
+        (keras.optimizers.SGD, 1, False),
+    ],
+)
+def test_which_updates_linger(optimizer, copies, lingers):
+    opt = optimizer()
+    (use,) = _update.consumers(opt, False, 1, lambda v: 100)([None])
+    runs = 100 * _update.update_traffic(opt) if lingers else 0
+    assert use == _update.Consumer([100] * copies, runs)
+
+
+def test_an_accumulator_or_a_shard_does_not_linger():
+    adam = keras.optimizers.Adam()
+    (added,) = _update.consumers(adam, True, 1, len)([[1]])
+    assert added == _update.Consumer([], 0)  # acc + g, in place
+    (sliced,) = _update.consumers(adam, False, 2, len, sharded=True)([[1]])
+    assert sliced == _update.Consumer([1], 0)
+    assert _update.consumers(adam, False, 2, len) is None
+
+
+def _dense_chain(depth):
+    inp = keras.Input((1024,))
+    x = inp
+    for i in range(depth):
+        x = keras.layers.Dense(1024, name=f"d{i}")(x)
+    model = keras.Model(inp, x)
+    model.compile(optimizer="adam", loss="mse")
+    return model
+
+
+def _bytes(v):
+    n = 4
+    for d in v.shape:
+        n *= d
+    return n
+
+
+@pytest.mark.parametrize("floor", [0, 256 * 1024])
+def test_a_chain_of_kernels_peaks_at_two_updates(floor):
+    # Allocator trace and measured peak, 4 x Dense(1024), batch 1, Adam:
+    # 16 MiB above the weights and slots, 4 tensors of a kernel's size.
+    # (The biases' updates, 4 KiB, run in the kernels' gaps in both
+    # views: counted or not.)
+    model = _dense_chain(4)
+
+    def counted(v):
+        n = _bytes(v)
+        return n if n >= floor else 0
+
+    adam = _update.consumers(model.optimizer, False, 1, counted)
+
+    def at_once(variables):
+        return [u._replace(runs=0) for u in adam(variables)]
+
+    def peak(update):
+        step = _step_graph.trace_step(
+            model, 1, update=update, min_counted_bytes=floor
+        )
+        return step.updating_peak
+
+    assert abs(peak(at_once) - 12 * MIB) < MIB // 8
+    assert abs(peak(adam) - 16 * MIB) < MIB // 8
