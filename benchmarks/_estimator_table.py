@@ -269,7 +269,9 @@ SETS = (
         "heldout15",
         "model families in none of the sets above, fixed before it was "
         "measured, measured without an estimate (each case the median of 3 "
-        "runs in fresh processes), not estimated yet; "
+        "runs in fresh processes), "
+        "estimated once with c03d06f's rules (the lingering update, found "
+        "on set 14's FlowNetS-like net); "
         "benchmarks/_estimator_heldout15.py says why each is new; "
         "the goal of issue #23: median |error| <= 6%, worst <= 12%, no "
         "one-sided bias",
@@ -278,7 +280,8 @@ SETS = (
         "heldout16",
         "model families in none of the sets above, fixed before it was "
         "measured, measured without an estimate (each case the median of 3 "
-        "runs in fresh processes), not estimated yet; "
+        "runs in fresh processes), "
+        "estimated once with c03d06f's rules, as set 15; "
         "benchmarks/_estimator_heldout16.py says why each is new; "
         "the goal of issue #23: median |error| <= 6%, worst <= 12%, no "
         "one-sided bias",
@@ -297,8 +300,9 @@ loss traced), at 3ff4a1e (held blocks cut; no stored case moved), at
 d8c57ea, at 4b99103 (the weight decay's copy; only AdamW cases moved),
 at 7d9989f (no Grappler rewrite in the window's loop; one case moved) and
 at bf1f4ce (the constants Grappler folds, the gradient ops of the forward
-pass; with 09efac1's review, the same figures, 34 cases moved);
-docs/estimator.md says what changed):
+pass; with 09efac1's review, the same figures, 34 cases moved) and at
+c03d06f (the lingering update, 107 cases moved); docs/estimator.md says
+what changed):
 
 | set | estimator | n | median abs | worst | signed median | over/under | <15% |
 |---|---|---|---|---|---|---|---|
@@ -335,6 +339,11 @@ docs/estimator.md says what changed):
 | held-out 1-13 | bf1f4ce | 364 | 4.0% | 42.9% | -1.6% | 130 / 227 | 335 |
 | held-out 13 | bf1f4ce | 27 | 2.5% | 15.2% | -1.0% | 10 / 17 | 25 |
 | held-out 14 | bf1f4ce, once | 26 | 4.1% | 21.6% | -3.8% | 4 / 21 | 23 |
+| design | c03d06f | 66 | 2.7% | 13.3% | -0.3% | 29 / 37 | 66 |
+| held-out 1-13 | c03d06f | 364 | 4.0% | 42.9% | -1.4% | 138 / 218 | 336 |
+| held-out 14 | c03d06f | 26 | 2.9% | 17.4% | -2.9% | 4 / 21 | 25 |
+| held-out 15 | c03d06f, once | 24 | 2.9% | 16.0% | -1.8% | 9 / 15 | 23 |
+| held-out 16 | c03d06f, once | 24 | 5.0% | 37.5% | -4.2% | 5 / 19 | 21 |
 
 """
 
