@@ -18,21 +18,22 @@ a change to the estimator; trains nothing) or `--table` (the table again).
 `--design`, `--heldout`, `--heldout2`, `--heldout3`, `--heldout4`,
 `--heldout5`, `--heldout6`, `--heldout7`, `--heldout8`, `--heldout9`,
 `--heldout10`, `--heldout11`, `--heldout12`, `--heldout13`,
-`--heldout14`, `--heldout15` or `--heldout16` measure one set's
-models;
+`--heldout14`, `--heldout15`, `--heldout16` or `--heldout17` measure
+one set's models;
 with `--again`,
 one more run of them, each case's `measured` the median over the runs
 (the held-out sets are the median of 3 runs: run once, then twice with
 `--again`). The
-third to sixteenth held-out sets are measured without an estimate (their
+third to seventeenth held-out sets are measured without an estimate (their
 rows' `estimate` is null, and the table leaves their models out until
 they have one): each is estimated once, by `--heldout3 --reestimate`,
 `--heldout4 --reestimate`, `--heldout5 --reestimate`, `--heldout6
 --reestimate`, `--heldout7 --reestimate`, `--heldout8 --reestimate`,
 `--heldout9 --reestimate`, `--heldout10 --reestimate`, `--heldout11
 --reestimate`, `--heldout12 --reestimate`, `--heldout13 --reestimate`,
-`--heldout14 --reestimate`, `--heldout15 --reestimate` or
-`--heldout16 --reestimate`, after the estimator's rules are final.
+`--heldout14 --reestimate`, `--heldout15 --reestimate`,
+`--heldout16 --reestimate` or `--heldout17 --reestimate`, after the
+estimator's rules are final.
 
 The estimate is for `tfmemopt.Model`'s train step (`trainer="tfmemopt"`),
 which is what is measured.
@@ -86,6 +87,8 @@ from _estimator_heldout15 import HELDOUT15  # noqa: E402
 from _estimator_heldout15 import build_heldout15  # noqa: E402
 from _estimator_heldout16 import HELDOUT16  # noqa: E402
 from _estimator_heldout16 import build_heldout16  # noqa: E402
+from _estimator_heldout17 import HELDOUT17  # noqa: E402
+from _estimator_heldout17 import build_heldout17  # noqa: E402
 from _estimator_table import summarize  # noqa: E402
 from _estimator_table import write_table  # noqa: E402
 
@@ -117,8 +120,8 @@ VARIANTS = ("base", "accumulation=4", "checkpointing=auto", "mixed_bfloat16")
 # _estimator_heldout9.py, _estimator_heldout10.py,
 # _estimator_heldout11.py, _estimator_heldout12.py,
 # _estimator_heldout13.py, _estimator_heldout14.py,
-# _estimator_heldout15.py and _estimator_heldout16.py, with why each
-# family is held out.
+# _estimator_heldout15.py, _estimator_heldout16.py and
+# _estimator_heldout17.py, with why each family is held out.
 # The held-out sets in the order they were made: name -> (model -> cases,
 # builder).
 HELDOUT_SETS = {
@@ -138,6 +141,7 @@ HELDOUT_SETS = {
     "heldout14": (HELDOUT14, build_heldout14),
     "heldout15": (HELDOUT15, build_heldout15),
     "heldout16": (HELDOUT16, build_heldout16),
+    "heldout17": (HELDOUT17, build_heldout17),
 }
 ALL = list(MODELS) + [
     name for models, _ in HELDOUT_SETS.values() for name in models
@@ -158,6 +162,7 @@ MEASURE_ONLY = (
     "heldout14",
     "heldout15",
     "heldout16",
+    "heldout17",
 )
 
 
@@ -165,7 +170,7 @@ def set_of(name):
     """'design' (the rules were designed on it), 'heldout' (the first
     held-out set, used since to find defects), 'heldout2' (the second,
     measured once after it was fixed, used since to diagnose) or
-    'heldout3' / ... / 'heldout16' (the third to sixteenth, measured
+    'heldout3' / ... / 'heldout17' (the third to seventeenth, measured
     without an estimate, each estimated once after the rules are final)."""
     for which, (models, _) in HELDOUT_SETS.items():
         if name in models:
@@ -422,7 +427,7 @@ def run_model(name, cases):
                 peaks.append(device_memory()["peak"] - base)
         except Exception as e:
             error = error or f"training failed: {type(e).__name__}"
-        # The third to sixteenth held-out sets are measured only;
+        # The third to seventeenth held-out sets are measured only;
         # --reestimate estimates each once the estimator's rules are final.
         est, seconds = (
             (None, None)
@@ -642,7 +647,8 @@ def main():
     # --design / --heldout / --heldout2 / --heldout3 / --heldout4 /
     # --heldout5 / --heldout6 / --heldout7 / --heldout8 / --heldout9 /
     # --heldout10 / --heldout11 / --heldout12 / --heldout13 /
-    # --heldout14 / --heldout15 / --heldout16: one set's models only.
+    # --heldout14 / --heldout15 / --heldout16 / --heldout17: one set's
+    # models only.
     # --again:
     # another run of the named models, measured = the median over the runs.
     sets = {"design": MODELS}
@@ -678,7 +684,7 @@ def main():
         rows += got
         for r in got:
             m = r["measured"]
-            if r["estimate"] is None:  # measured only (sets 3 to 16)
+            if r["estimate"] is None:  # measured only (sets 3 to 17)
                 print(
                     f"{name:19s} {r['variant']:20s} B={r['batch']:5d} "
                     f"measured={(m or 0) / MIB:8.1f} MiB "
