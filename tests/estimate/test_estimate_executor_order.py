@@ -16,6 +16,9 @@ from tfmemopt.estimate._dedup import times_one
 from tfmemopt.estimate._executor import replay_order
 from tfmemopt.estimate._simulate import _simulate
 
+from ._graphs import graph_ops
+from ._graphs import size
+
 MIB = 1 << 20
 
 
@@ -129,17 +132,6 @@ def test_inexpensive_ops_run_inline_before_the_next_task():
     assert names[1:4] == ["b0_0", "b1_0", "b2_0"]
 
 
-def _graph(build):
-    g = tf.Graph()
-    with g.as_default():
-        build()
-    return g.get_operations()
-
-
-def _size(t):
-    return _step_trace._nbytes(t) or 0
-
-
 def test_an_op_holds_its_inputs_until_it_ends():
     # `slow` reads `a` and runs long; `made` starts meanwhile, on the other
     # thread: `a` is still held when it allocates.
@@ -149,12 +141,12 @@ def test_an_op_holds_its_inputs_until_it_ends():
         tf.math.square(a, name="slow")
         tf.math.square(x, name="made")
 
-    ops = _graph(build)
+    ops = graph_ops(build)
     assert [op.name for op in ops] == ["x", "a", "slow", "made"]
     keep = [ops[2].outputs[0], ops[3].outputs[0]]
     spans = {"x": (0, 0), "a": (0, 1), "slow": (1, 10), "made": (2, 3)}
-    alone = _simulate(ops, keep, _size, {}, in_place=False)
-    beside = _simulate(ops, keep, _size, {}, in_place=False, spans=spans)
+    alone = _simulate(ops, keep, size, {}, in_place=False)
+    beside = _simulate(ops, keep, size, {}, in_place=False, spans=spans)
     assert alone == 3 * MIB  # x, slow, made: a is freed as slow starts
     assert beside == 4 * MIB  # a is held until slow ends
 
@@ -168,16 +160,16 @@ def test_a_rewritten_sum_adds_each_input_as_it_is_made():
         terms = [tf.math.square(x, name=f"t{i}") for i in range(4)]
         tf.math.add_n(terms, name="sum")
 
-    ops = _graph(build)
+    ops = graph_ops(build)
     out = [ops[-1].outputs[0]]
-    plain = _simulate(ops, out, _size, {}, in_place=False)
-    summed = _simulate(ops, out, _size, {}, in_place=False, accumulated={"sum"})
+    plain = _simulate(ops, out, size, {}, in_place=False)
+    summed = _simulate(ops, out, size, {}, in_place=False, accumulated={"sum"})
     assert plain == 5 * MIB  # four terms and the sum (x freed after t3)
     assert summed == 3 * MIB  # x, the sum's buffer, the term being added
     # The first input comes last: every other term waits for it.
     ops = ops[:1] + ops[2:5] + ops[1:2] + ops[5:]
     assert [op.name for op in ops[1:5]] == ["t1", "t2", "t3", "t0"]
-    late = _simulate(ops, out, _size, {}, in_place=False, accumulated={"sum"})
+    late = _simulate(ops, out, size, {}, in_place=False, accumulated={"sum"})
     # x, t1..t3 held, then t0 and the sum's buffer on top.
     assert late == 6 * MIB
 
@@ -193,7 +185,7 @@ def test_a_product_by_one_is_folded_into_its_factor():
         tf.math.multiply(tf.ones((4, 1)), x, name="broadcast")
         tf.math.multiply(x[:1], tf.ones((4, 8)), name="wider")
 
-    folded = times_one(_graph(build))
+    folded = times_one(graph_ops(build))
     assert folded == {"one:0": "x:0", "ones:0": "x:0", "broadcast:0": "x:0"}
 
 

@@ -15,22 +15,13 @@ import pytest
 import tensorflow as tf
 
 from tfmemopt.estimate import _step_graph
-from tfmemopt.estimate import _step_trace
 from tfmemopt.estimate import _update
 from tfmemopt.estimate._simulate import _simulate
 
+from ._graphs import graph_ops
+from ._graphs import size
+
 MIB = 1 << 20
-
-
-def _graph(build):
-    g = tf.Graph()
-    with g.as_default():
-        build()
-    return g.get_operations()
-
-
-def _size(t):
-    return _step_trace._nbytes(t) or 0
 
 
 def _gradients(*sizes):
@@ -41,7 +32,7 @@ def _gradients(*sizes):
         for i, n in enumerate(sizes):
             tf.tile(x, [256 * n], name=f"g{i}")
 
-    ops = _graph(build)
+    ops = graph_ops(build)
     return ops, [op.outputs[0] for op in ops if op.type == "Tile"]
 
 
@@ -54,7 +45,7 @@ def _peak(sizes, temps, lingering, events=None, runs=NEVER, spans=None):
     return _simulate(
         ops,
         [],
-        _size,
+        size,
         {},
         in_place=False,
         consumed=consumed,
