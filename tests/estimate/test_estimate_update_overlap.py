@@ -88,6 +88,8 @@ def test_a_lingering_update_is_freed_in_the_events():
     assert freed[:2] == made[:2]
     first, second = (events.index((made[j], 4 * MIB)) for j in (2, 3))
     assert first < events.index((made[0], None)) < second
+    # The last one ends with the step: every update's temporaries freed.
+    assert sorted(freed) == sorted(made)
 
 
 def test_an_update_ends_when_its_ops_have_run():
@@ -105,6 +107,10 @@ def test_an_update_ends_when_its_ops_have_run():
     sizes, temps = [4, 4, 4], [[4, 4], [4, 4], [4, 4]]
     assert _peak(sizes, temps, True, runs=5, spans=spans) == 12 * MIB + 4096
     assert _peak(sizes, temps, True, runs=25, spans=spans) == 16 * MIB + 4096
+    # 15 units: over while the next gradient's op runs (10 to 25, that op
+    # 20 to 30), so before that gradient's update starts; the gradient is
+    # made beside it (8 + 4), its update after it (4 + 8).
+    assert _peak(sizes, temps, True, runs=15, spans=spans) == 12 * MIB + 4096
 
 
 @pytest.mark.parametrize(
@@ -116,12 +122,32 @@ def test_an_update_ends_when_its_ops_have_run():
         (keras.optimizers.Adam, 30),
         (lambda: keras.optimizers.Adam(amsgrad=True), 35),
         (lambda: keras.optimizers.SGD(momentum=0.9), 12),
+        # The decay runs at the step's start, the moving average after
+        # every update: neither is in a weight's chain.
+        (lambda: keras.optimizers.AdamW(use_ema=True), 30),
+        # A learning rate that cannot be deserialized is left out too.
+        (lambda: keras.optimizers.Adam(learning_rate=lambda: 1e-3), 30),
     ],
 )
 def test_an_update_s_traffic_is_traced(optimizer, traffic):
     assert _update.update_traffic(optimizer()) == traffic
-    # Keras's weight decay (`AdamW`) adds its product and assignment.
-    assert _update.update_traffic(keras.optimizers.AdamW()) > 30
+
+
+def test_the_traffic_is_traced_once_per_configuration():
+    _update.update_traffic(keras.optimizers.Adam(beta_1=0.8))
+    known = len(_update._TRAFFIC)
+    _update.update_traffic(keras.optimizers.Adam(beta_1=0.8))  # adam_1
+    assert len(_update._TRAFFIC) == known
+
+
+def test_what_reads_every_gradient_first_consumes_none_as_made():
+    # A global norm reads every gradient before any update; Keras's own
+    # accumulation updates in a `cond` every few steps.
+    clipped = keras.optimizers.Adam(global_clipnorm=1.0)
+    assert _update.consumers(clipped, False, 1, len) is None
+    every = keras.optimizers.Adam(gradient_accumulation_steps=2)
+    (use,) = _update.consumers(every, False, 1, lambda v: 100)([None])
+    assert use.runs == 0
 
 
 @pytest.mark.parametrize(
@@ -136,6 +162,7 @@ def test_an_update_s_traffic_is_traced(optimizer, traffic):
 def test_which_updates_linger(optimizer, copies, lingers):
     opt = optimizer()
     (use,) = _update.consumers(opt, False, 1, lambda v: 100)([None])
+    assert (use.runs > 0) == lingers
     runs = 100 * _update.update_traffic(opt) if lingers else 0
     assert use == _update.Consumer([100] * copies, runs)
 

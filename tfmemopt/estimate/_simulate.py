@@ -172,13 +172,14 @@ def _at(peak, live, at_peak, holders) -> int:
     return max(peak, live)
 
 
-def _update_ends(i, op, runs, spans, starts) -> int:
-    """The index of the last op that starts before an update of `runs`
-    (`spans`' units) that starts as `op`, the `i`-th, ends: `len(starts)`
-    (never) without `spans`."""
+def _update_ends(i, op, runs, spans, starts) -> tuple:
+    """`(index, time)`: when an update of `runs` (`spans`' units) that
+    starts as `op`, the `i`-th, ends, and the index of the last op that
+    starts before then; `(len(starts), inf)` (never) without `spans`."""
     if op.name not in spans:
-        return len(starts)
-    return max(i, bisect.bisect_left(starts, spans[op.name][1] + runs) - 1)
+        return len(starts), float("inf")
+    end = spans[op.name][1] + runs
+    return max(i, bisect.bisect_left(starts, end) - 1), end
 
 
 def _event_key(name, lists):
@@ -236,10 +237,17 @@ def _simulate(
     lists = set()
     live = peak = 0
     sibling = None  # (inputs, outputs, scratch) of the last op with scratch
-    # (keys, bytes, index of the last op it runs beside): the lingering
-    # temporaries of the update that runs.
+    # (keys, bytes, index of the last op it runs beside, when it ends):
+    # the lingering temporaries of the update that runs.
     running = None
     starts = [spans[op.name][0] if op.name in spans else 0 for op in ops]
+
+    def ended(update) -> int:
+        """A lingering update's end: its temporaries freed in `events`;
+        returns their bytes."""
+        if events is not None:
+            events.extend((k, None) for k in update[0])
+        return update[1]
 
     def allocate(name, n, key=None) -> int:
         """A new buffer of `n` bytes for tensor `name`; returns `n`."""
@@ -309,29 +317,29 @@ def _simulate(
             temps = [n for n in consumed[t.name] if n]
             keys = [("update", t.name, j) for j in range(len(temps))]
             made = list(zip(keys, temps))
+            ends_at = spans[op.name][1] if op.name in spans else -1
+            if running and running[3] <= ends_at:
+                # It ended before this update starts.
+                live, running = live - ended(running), None
             if running and sum(temps) * _RUNS_IN_ITS_GAPS >= running[1]:
                 # It runs on as this update makes its first temporary.
                 peak = _at(peak, live + sum(temps[:1]), at_peak, holders)
-                live -= running[1]
                 if events is not None:
-                    events += made[:1] + [(k, None) for k in running[0]]
-                made, running = made[1:], None
+                    events += made[:1]
+                live, running, made = live - ended(running), None, made[1:]
             peak = _at(peak, live + sum(temps), at_peak, holders)
             if events is not None:
                 events += made
             if lingering.get(t.name) and temps and not running:
                 live += sum(temps)
                 end = _update_ends(i, op, lingering[t.name], spans, starts)
-                running = (keys, sum(temps), end)
+                running = (keys, sum(temps), *end)
             elif events is not None:
                 events += [(k, None) for k in keys]
             if t.name not in last:
                 last[t.name] = i  # freed below, with the op's inputs
-        if running and running[2] <= i:  # its ops have run
-            live -= running[1]
-            if events is not None:
-                events += [(k, None) for k in running[0]]
-            running = None
+        if running and running[2] <= i:  # no op that starts later meets it
+            live, running = live - ended(running), None
         for name in _read_names(done + due.pop(i, []), aliases):
             if last.get(name) != i or name in keep:
                 continue
@@ -345,4 +353,6 @@ def _simulate(
                 del holders[src]
                 if events is not None and n:
                     events.append((_event_key(src, lists), None))
+    if running:  # the last update ends with the step
+        ended(running)
     return peak

@@ -263,10 +263,13 @@ def consumers(
     if accumulating:
         return lambda variables: [Consumer([]) for _ in variables]
     slots = _slots(optimizer)
-    if slots is None:
-        return None
+    if slots is None or getattr(_inner(optimizer), "global_clipnorm", None):
+        return None  # a global norm reads every gradient before any update
     copies = 2 if slots else 1
-    traffic = update_traffic(optimizer) if slots else 0
+    # Keras's own accumulation adds the gradient up and updates in a `cond`
+    # every few steps: nothing lingers.
+    every = getattr(_inner(optimizer), "gradient_accumulation_steps", None)
+    traffic = update_traffic(optimizer) if slots and not every else 0
 
     def each(variables):
         return [
@@ -283,6 +286,12 @@ _PROBE_ELEMENTS = 1031  # a size no other tensor of the probe has
 _VIEWS = ("Placeholder", "ReadVariableOp", "Identity", "IdentityN", "Const")
 
 
+# The probe's name is unique per instance, and its learning rate (a
+# callable or an unregistered schedule need not deserialize) changes no
+# tensor of the weight's size.
+_PROBE_CONFIG = {"learning_rate": 1e-3}
+
+
 def update_traffic(optimizer) -> int:
     """The bytes a Keras element-wise optimizer's update of one weight
     reads and writes, per byte of the weight: its `update_step` traced on
@@ -291,22 +300,31 @@ def update_traffic(optimizer) -> int:
     reads and writes the variable besides its value). Adam: 30 (`g - m`
     3, its product 2, the moment's `assign_add` 3; the same for the
     second moment with `square(g)` 2; `m * alpha`, `sqrt(v)`, `+ eps` 2
-    each, the quotient 3, `assign_sub` 3)."""
+    each, the quotient 3, `assign_sub` 3). `update_step` alone: AdamW's
+    decay (at the step's start, `decayed_early`), a moving average (after
+    every weight's update) and clipping are not in it. 0 where the update
+    cannot be traced so (it does not linger then)."""
     inner = _inner(optimizer)
-    key = (type(inner), repr(sorted(inner.get_config().items())))
+    config = dict(inner.get_config())
+    config.pop("name", None)
+    config.update((k, v) for k, v in _PROBE_CONFIG.items() if k in config)
+    key = (type(inner), repr(sorted(config.items())))
     if key not in _TRAFFIC:
-        _TRAFFIC[key] = _traced_traffic(inner)
+        try:
+            _TRAFFIC[key] = _traced_traffic(type(inner), config)
+        except Exception:  # noqa: BLE001 - any optimizer the probe fails on
+            _TRAFFIC[key] = 0
     return _TRAFFIC[key]
 
 
-def _traced_traffic(inner) -> int:
-    probe = type(inner).from_config(inner.get_config())
+def _traced_traffic(cls, config) -> int:
+    probe = cls.from_config(config)
     weight = keras.Variable(tf.zeros([_PROBE_ELEMENTS]), name="probe")
     probe.build([weight])
 
     @tf.function(autograph=False)
     def apply(gradient):
-        probe.apply([gradient], [weight])
+        probe.update_step(gradient, weight, tf.constant(1e-3))
 
     spec = tf.TensorSpec([_PROBE_ELEMENTS], tf.float32)
     graph = apply.get_concrete_function(spec).graph
