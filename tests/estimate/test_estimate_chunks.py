@@ -87,7 +87,7 @@ def test_each_gradient_is_freed_by_its_update_before_the_next(optimizer, alive):
     # temporaries, SGD: one), then the gradient is freed: both gradients
     # are never alive together. Adam's two linger while the first
     # kernel's gradient and its update's first temporary are made
-    # (`_update.consumers`): 4 kernels at the peak; measured on CPU, a
+    # (`_consumers.consumers`): 4 kernels at the peak; measured on CPU, a
     # `tfmemopt.Model` of this model at batch 8 peaks 16.0 MiB above its
     # weights and slots (5 steps). SGD's do not: the gradient and its one.
     model = _two_dense()

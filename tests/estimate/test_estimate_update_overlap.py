@@ -14,8 +14,8 @@ import keras
 import pytest
 import tensorflow as tf
 
+from tfmemopt.estimate import _consumers
 from tfmemopt.estimate import _step_graph
-from tfmemopt.estimate import _update
 from tfmemopt.estimate._simulate import _simulate
 
 from ._graphs import graph_ops
@@ -130,23 +130,23 @@ def test_an_update_ends_when_its_ops_have_run():
     ],
 )
 def test_an_update_s_traffic_is_traced(optimizer, traffic):
-    assert _update.update_traffic(optimizer()) == traffic
+    assert _consumers.update_traffic(optimizer()) == traffic
 
 
 def test_the_traffic_is_traced_once_per_configuration():
-    _update.update_traffic(keras.optimizers.Adam(beta_1=0.8))
-    known = len(_update._TRAFFIC)
-    _update.update_traffic(keras.optimizers.Adam(beta_1=0.8))  # adam_1
-    assert len(_update._TRAFFIC) == known
+    _consumers.update_traffic(keras.optimizers.Adam(beta_1=0.8))
+    known = len(_consumers._TRAFFIC)
+    _consumers.update_traffic(keras.optimizers.Adam(beta_1=0.8))  # adam_1
+    assert len(_consumers._TRAFFIC) == known
 
 
 def test_what_reads_every_gradient_first_consumes_none_as_made():
     # A global norm reads every gradient before any update; Keras's own
     # accumulation updates in a `cond` every few steps.
     clipped = keras.optimizers.Adam(global_clipnorm=1.0)
-    assert _update.consumers(clipped, False, 1, len) is None
+    assert _consumers.consumers(clipped, False, 1, len) is None
     every = keras.optimizers.Adam(gradient_accumulation_steps=2)
-    (use,) = _update.consumers(every, False, 1, lambda v: 100)([None])
+    (use,) = _consumers.consumers(every, False, 1, lambda v: 100)([None])
     assert use.runs == 0
 
 
@@ -161,19 +161,19 @@ def test_what_reads_every_gradient_first_consumes_none_as_made():
 )
 def test_which_updates_linger(optimizer, copies, lingers):
     opt = optimizer()
-    (use,) = _update.consumers(opt, False, 1, lambda v: 100)([None])
+    (use,) = _consumers.consumers(opt, False, 1, lambda v: 100)([None])
     assert (use.runs > 0) == lingers
-    runs = 100 * _update.update_traffic(opt) if lingers else 0
-    assert use == _update.Consumer([100] * copies, runs)
+    runs = 100 * _consumers.update_traffic(opt) if lingers else 0
+    assert use == _consumers.Consumer([100] * copies, runs)
 
 
 def test_an_accumulator_or_a_shard_does_not_linger():
     adam = keras.optimizers.Adam()
-    (added,) = _update.consumers(adam, True, 1, len)([[1]])
-    assert added == _update.Consumer([], 0)  # acc + g, in place
-    (sliced,) = _update.consumers(adam, False, 2, len, sharded=True)([[1]])
-    assert sliced == _update.Consumer([1], 0)
-    assert _update.consumers(adam, False, 2, len) is None
+    (added,) = _consumers.consumers(adam, True, 1, len)([[1]])
+    assert added == _consumers.Consumer([], 0)  # acc + g, in place
+    (sliced,) = _consumers.consumers(adam, False, 2, len, sharded=True)([[1]])
+    assert sliced == _consumers.Consumer([1], 0)
+    assert _consumers.consumers(adam, False, 2, len) is None
 
 
 def _dense_chain(depth):
@@ -205,7 +205,7 @@ def test_a_chain_of_kernels_peaks_at_two_updates(floor):
         n = _bytes(v)
         return n if n >= floor else 0
 
-    adam = _update.consumers(model.optimizer, False, 1, counted)
+    adam = _consumers.consumers(model.optimizer, False, 1, counted)
 
     def at_once(variables):
         return [u._replace(runs=0) for u in adam(variables)]

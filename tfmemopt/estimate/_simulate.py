@@ -111,6 +111,12 @@ def _read_names(tensors, aliases):
     return names
 
 
+def _starts(ops, spans) -> list:
+    """When each op starts on the executor's threads (`spans`; 0 for an
+    op it does not time)."""
+    return [spans[op.name][0] if op.name in spans else 0 for op in ops]
+
+
 def _released_at(ops, spans):
     """Per op, the index of the op after which its inputs are released:
     the last op that starts before it ends (`spans`: op name -> (start,
@@ -119,7 +125,7 @@ def _released_at(ops, spans):
     them. Without `spans`, each op's own index."""
     if spans is None:
         return list(range(len(ops)))
-    starts = [spans[op.name][0] if op.name in spans else 0 for op in ops]
+    starts = _starts(ops, spans)
     out = []
     for i, op in enumerate(ops):
         end = spans[op.name][1] if op.name in spans else starts[i]
@@ -227,7 +233,7 @@ def _simulate(
     its update's temporaries stay allocated beside the ops that start
     meanwhile: until then, or until the next update has made its first
     temporary, unless that one is much smaller (`_RUNS_IN_ITS_GAPS`) and
-    runs in its gaps (`_update.Consumer.runs`).
+    runs in its gaps (`_consumers.Consumer.runs`).
     """
     read, last, due, sums = _last_reads(ops, aliases, accumulated, spans)
     consumed, lingering, spans = consumed or {}, lingering or {}, spans or {}
@@ -240,7 +246,7 @@ def _simulate(
     # (keys, bytes, index of the last op it runs beside, when it ends):
     # the lingering temporaries of the update that runs.
     running = None
-    starts = [spans[op.name][0] if op.name in spans else 0 for op in ops]
+    starts = _starts(ops, spans)
 
     def ended(update) -> int:
         """A lingering update's end: its temporaries freed in `events`;

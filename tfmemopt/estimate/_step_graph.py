@@ -121,7 +121,7 @@ def trace_step(
             `estimate_memory` (tensors below `min_counted_bytes` count 0).
         update: optional callable: the model's trainable variables -> a
             list, per variable, of what consumes its gradient as soon as it
-            is made (`_update.Consumer`: the sizes of its temporaries, `[]`
+            is made (`_consumers.Consumer`: the sizes of its temporaries, `[]`
             when consumed in place, and how long they linger);
             the step is then also simulated so (`updating_peak`; `events`
             are from that run).
@@ -329,7 +329,7 @@ def _simulate_updating(
 
     The function's outputs are Identity ops at its end: the update reads the
     gradient they pass on. `update` gives, per trainable variable, what
-    consumes its gradient (`_update.Consumer`); `events` are filled from
+    consumes its gradient (`_consumers.Consumer`); `events` are filled from
     this run."""
     consumed, lingering = {}, {}
     uses = update(model.trainable_variables)

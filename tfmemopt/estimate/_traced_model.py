@@ -17,12 +17,12 @@ from tfmemopt.estimate import _long_sequences as long_sequences
 from tfmemopt.estimate._checkpointed_trace import UndoFailed
 from tfmemopt.estimate._checkpointed_trace import library_checkpointing
 from tfmemopt.estimate._checkpointed_trace import own_report
+from tfmemopt.estimate._consumers import consumers
 from tfmemopt.estimate._model_state import weight_bytes
 from tfmemopt.estimate._optimizer_state import _itemsize
 from tfmemopt.estimate._settings import Settings
 from tfmemopt.estimate._settings import counted
 from tfmemopt.estimate._step_graph import trace_step
-from tfmemopt.estimate._update import consumers
 from tfmemopt.estimate._update import decayed_early
 from tfmemopt.precision._policy_clone import rebuilt_under
 
