@@ -25,7 +25,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # with the narrower margin first of all: the figure is above the usage at
 # its start, but an allocator that ran other work hands out other chunks
 # (long_context_gpt2's wrapped step read 58.0 MiB after quickstart, 40.8
-# in a fresh process; its bound is 67.2).
+# in a fresh process, at the time of 05293c1).
 ONE_DEVICE = [
     ("long_context_gpt2.py", {"TFMEMOPT_EXAMPLE_SMOKE": "1"}),
     ("quickstart.py", {"TFMEMOPT_QUICKSTART_EPOCHS": "4"}),
@@ -228,9 +228,14 @@ def test_long_context_gpt2_example():
         )
     )
     # Plain Keras's step does not fit the stated budget; the wrap with
-    # chunked_loss and attention="chunked" does, with room to spare.
-    assert float(peaks["tfmemopt"]) < 0.7 * budget < budget, stdout
-    assert float(peaks["plain Keras"]) > budget, stdout
+    # chunked_loss and attention="chunked" does, at well under plain
+    # Keras's peak. Not a tighter bound on the wrap: the same step read
+    # 56-57 MiB in every local run (12 steps in one process: 56.2-56.5) and
+    # 72.5 in one CI run, one more 16 MiB logits chunk (the allocator's
+    # layout differs between processes; plain Keras read 146-148 in both).
+    ours, plain = float(peaks["tfmemopt"]), float(peaks["plain Keras"])
+    assert ours < budget < plain, stdout
+    assert ours < 0.6 * plain, stdout
     assert "token_embedding" in stdout and "self_attention" in stdout, stdout
     first, last = map(
         float, re.search(r"loss first ([\d.]+) last ([\d.]+)", stdout).groups()
