@@ -290,7 +290,9 @@ SETS = (
         "heldout17",
         "model families in none of the sets above, fixed before it was "
         "measured, measured without an estimate (each case the median of 3 "
-        "runs in fresh processes); benchmarks/_estimator_heldout17.py says "
+        "runs in fresh processes), kept unseen through the review of "
+        "c03d06f (d0959d6) and estimated once with b4c786a's rules (those "
+        "of d0959d6); benchmarks/_estimator_heldout17.py says "
         "why each is new; the goal of issue #23: median |error| <= 6%, "
         "worst <= 12%, no one-sided bias",
     ),
@@ -309,7 +311,8 @@ d8c57ea, at 4b99103 (the weight decay's copy; only AdamW cases moved),
 at 7d9989f (no Grappler rewrite in the window's loop; one case moved) and
 at bf1f4ce (the constants Grappler folds, the gradient ops of the forward
 pass; with 09efac1's review, the same figures, 34 cases moved) and at
-c03d06f (the lingering update, 107 cases moved); docs/estimator.md says
+c03d06f (the lingering update, 107 cases moved), at d0959d6 (its review:
+3 cases moved) and at b4c786a (the same rules); docs/estimator.md says
 what changed):
 
 | set | estimator | n | median abs | worst | signed median | over/under | <15% |
@@ -352,6 +355,10 @@ what changed):
 | held-out 14 | c03d06f | 26 | 2.9% | 17.4% | -2.9% | 4 / 21 | 25 |
 | held-out 15 | c03d06f, once | 24 | 2.9% | 16.0% | -1.8% | 9 / 15 | 23 |
 | held-out 16 | c03d06f, once | 24 | 5.0% | 37.5% | -4.2% | 5 / 19 | 21 |
+| design | d0959d6 | 66 | 2.7% | 13.3% | -0.3% | 29 / 37 | 66 |
+| held-out 1-16 | d0959d6 | 438 | 4.0% | 42.9% | -1.6% | 156 / 273 | 405 |
+| held-out 17 | b4c786a, once | 24 | 5.5% | 13.5% | -1.9% | 9 / 15 | 24 |
+| held-out 1-17 | b4c786a | 462 | 4.1% | 42.9% | -1.6% | 165 / 288 | 429 |
 
 """
 
