@@ -18,13 +18,13 @@ a change to the estimator; trains nothing) or `--table` (the table again).
 `--design`, `--heldout`, `--heldout2`, `--heldout3`, `--heldout4`,
 `--heldout5`, `--heldout6`, `--heldout7`, `--heldout8`, `--heldout9`,
 `--heldout10`, `--heldout11`, `--heldout12`, `--heldout13`,
-`--heldout14`, `--heldout15`, `--heldout16` or `--heldout17` measure
-one set's models;
+`--heldout14`, `--heldout15`, `--heldout16`, `--heldout17` or
+`--heldout18` measure one set's models;
 with `--again`,
 one more run of them, each case's `measured` the median over the runs
 (the held-out sets are the median of 3 runs: run once, then twice with
 `--again`). The
-third to seventeenth held-out sets are measured without an estimate (their
+third to eighteenth held-out sets are measured without an estimate (their
 rows' `estimate` is null, and the table leaves their models out until
 they have one): each is estimated once, by `--heldout3 --reestimate`,
 `--heldout4 --reestimate`, `--heldout5 --reestimate`, `--heldout6
@@ -32,8 +32,8 @@ they have one): each is estimated once, by `--heldout3 --reestimate`,
 `--heldout9 --reestimate`, `--heldout10 --reestimate`, `--heldout11
 --reestimate`, `--heldout12 --reestimate`, `--heldout13 --reestimate`,
 `--heldout14 --reestimate`, `--heldout15 --reestimate`,
-`--heldout16 --reestimate` or `--heldout17 --reestimate`, after the
-estimator's rules are final.
+`--heldout16 --reestimate`, `--heldout17 --reestimate` or
+`--heldout18 --reestimate`, after the estimator's rules are final.
 
 The estimate is for `tfmemopt.Model`'s train step (`trainer="tfmemopt"`),
 which is what is measured.
@@ -89,6 +89,8 @@ from _estimator_heldout16 import HELDOUT16  # noqa: E402
 from _estimator_heldout16 import build_heldout16  # noqa: E402
 from _estimator_heldout17 import HELDOUT17  # noqa: E402
 from _estimator_heldout17 import build_heldout17  # noqa: E402
+from _estimator_heldout18 import HELDOUT18  # noqa: E402
+from _estimator_heldout18 import build_heldout18  # noqa: E402
 from _estimator_table import summarize  # noqa: E402
 from _estimator_table import write_table  # noqa: E402
 
@@ -120,8 +122,9 @@ VARIANTS = ("base", "accumulation=4", "checkpointing=auto", "mixed_bfloat16")
 # _estimator_heldout9.py, _estimator_heldout10.py,
 # _estimator_heldout11.py, _estimator_heldout12.py,
 # _estimator_heldout13.py, _estimator_heldout14.py,
-# _estimator_heldout15.py, _estimator_heldout16.py and
-# _estimator_heldout17.py, with why each family is held out.
+# _estimator_heldout15.py, _estimator_heldout16.py,
+# _estimator_heldout17.py and _estimator_heldout18.py, with why each
+# family is held out.
 # The held-out sets in the order they were made: name -> (model -> cases,
 # builder).
 HELDOUT_SETS = {
@@ -142,6 +145,7 @@ HELDOUT_SETS = {
     "heldout15": (HELDOUT15, build_heldout15),
     "heldout16": (HELDOUT16, build_heldout16),
     "heldout17": (HELDOUT17, build_heldout17),
+    "heldout18": (HELDOUT18, build_heldout18),
 }
 ALL = list(MODELS) + [
     name for models, _ in HELDOUT_SETS.values() for name in models
@@ -163,6 +167,7 @@ MEASURE_ONLY = (
     "heldout15",
     "heldout16",
     "heldout17",
+    "heldout18",
 )
 
 
@@ -170,7 +175,7 @@ def set_of(name):
     """'design' (the rules were designed on it), 'heldout' (the first
     held-out set, used since to find defects), 'heldout2' (the second,
     measured once after it was fixed, used since to diagnose) or
-    'heldout3' / ... / 'heldout17' (the third to seventeenth, measured
+    'heldout3' / ... / 'heldout18' (the third to eighteenth, measured
     without an estimate, each estimated once after the rules are final)."""
     for which, (models, _) in HELDOUT_SETS.items():
         if name in models:
@@ -427,7 +432,7 @@ def run_model(name, cases):
                 peaks.append(device_memory()["peak"] - base)
         except Exception as e:
             error = error or f"training failed: {type(e).__name__}"
-        # The third to seventeenth held-out sets are measured only;
+        # The third to eighteenth held-out sets are measured only;
         # --reestimate estimates each once the estimator's rules are final.
         est, seconds = (
             (None, None)
@@ -647,8 +652,8 @@ def main():
     # --design / --heldout / --heldout2 / --heldout3 / --heldout4 /
     # --heldout5 / --heldout6 / --heldout7 / --heldout8 / --heldout9 /
     # --heldout10 / --heldout11 / --heldout12 / --heldout13 /
-    # --heldout14 / --heldout15 / --heldout16 / --heldout17: one set's
-    # models only.
+    # --heldout14 / --heldout15 / --heldout16 / --heldout17 /
+    # --heldout18: one set's models only.
     # --again:
     # another run of the named models, measured = the median over the runs.
     sets = {"design": MODELS}
@@ -684,7 +689,7 @@ def main():
         rows += got
         for r in got:
             m = r["measured"]
-            if r["estimate"] is None:  # measured only (sets 3 to 17)
+            if r["estimate"] is None:  # measured only (sets 3 to 18)
                 print(
                     f"{name:19s} {r['variant']:20s} B={r['batch']:5d} "
                     f"measured={(m or 0) / MIB:8.1f} MiB "
