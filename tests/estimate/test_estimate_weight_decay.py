@@ -89,8 +89,13 @@ def test_a_weight_the_backward_pass_reads_is_counted_twice():
     adam = estimate_memory(_mlp(), 8, optimizer="adam")
     adamw = estimate_memory(_mlp(), 8, optimizer="adamw")
     extra = adamw.total - adam.total
-    assert 4 * MIB <= extra <= 6 * MIB, extra / MIB
-    assert any("copy-on-write" in note for note in adamw.notes), adamw.notes
+    # The copy is alive at AdamW's peak; Adam's peak, without it, may come
+    # at another moment, so the totals can differ by less than the copy
+    # (2 MiB since an update frees its gradient before its second
+    # temporary beside the backward pass).
+    assert 2 * MIB <= extra <= 6 * MIB, extra / MIB
+    copied = [note for note in adamw.notes if "copy-on-write" in note]
+    assert copied and "4.0 MiB at the step's peak" in copied[0], copied
     assert not any("copy-on-write" in note for note in adam.notes)
 
 

@@ -20,10 +20,17 @@ class Consumer(NamedTuple):
     """What consumes one gradient as soon as it is made: `temporaries`,
     the bytes of each tensor it makes, and `runs`: how long they linger
     beside the backward pass (the update's ops' bytes read and written,
-    the executor replay's units), 0 for not at all."""
+    the executor replay's units), 0 for not at all; `reads_gradient`: how
+    many of `temporaries` are made before the update's last read of the
+    gradient, whose buffer is free before the others are made (None: it
+    is read to the end)."""
 
     temporaries: list
     runs: int = 0
+    # How many of `temporaries` are made while the gradient is still read:
+    # the gradient's buffer is free before the rest (None: it is read to
+    # the end).
+    reads_gradient: int | None = None
 
 
 def consumers(
@@ -59,6 +66,17 @@ def consumers(
     next [3, 3, 512, 512] kernel's gradient and `adam/Square_10` (9 MiB
     each), the step's peak. Plain SGD's update is one product and the
     assignment: nothing lingers.
+
+    The gradient's last read comes before the update's second temporary:
+    Adam's `square(g)` (after `g - m`, whose product is assigned and freed
+    first), then `m * alpha` and `sqrt(v)` once the gradient is free; SGD
+    with momentum's `g * lr` (in the gradient's buffer) after
+    `m * momentum`. So a weight's update holds two weight-sized tensors
+    beside the rest of the step, not three (`reads_gradient=1`). Allocator
+    traces, Adam: the held-out VAE at batch 16, the step's peak at its [16384,
+    256] kernel's gradient and `adam/Square_4` alone (16 MiB each, no other
+    temporary of that update); the Dense(1024) chain and the FlowNetS-like
+    net above, the next kernel's gradient beside its `adam/Square` alone.
     """
     if sharded:
         return lambda variables: [
@@ -79,7 +97,11 @@ def consumers(
 
     def each(variables):
         return [
-            Consumer([weight_bytes(v)] * copies, traffic * weight_bytes(v))
+            Consumer(
+                [weight_bytes(v)] * copies,
+                traffic * weight_bytes(v),
+                1 if copies > 1 else None,
+            )
             for v in variables
         ]
 

@@ -188,6 +188,22 @@ def _update_ends(i, op, runs, spans, starts) -> tuple:
     return max(i, bisect.bisect_left(starts, end) - 1), end
 
 
+def _runs_beside(ops, i, runs, spans) -> bool:
+    """Whether an op after `ops[i]` (in the executor's order, by start) is
+    running while an update of `runs` (`spans`' units) that starts as
+    `ops[i]` ends does; True without `spans`."""
+    if ops[i].name not in spans:
+        return True
+    start = spans[ops[i].name][1]
+    for op in ops[i + 1 :]:
+        begin, end = spans.get(op.name, (start, start))
+        if begin >= start + runs:
+            return False
+        if end > start:
+            return True
+    return False
+
+
 def _event_key(name, lists):
     """An event's key: `("list", name)` for a loop's TensorList."""
     return ("list", name) if name in lists else name
@@ -207,6 +223,7 @@ def _simulate(
     spans=None,
     held=None,
     lingering=None,
+    reads_gradient=None,
 ):
     """Peak live bytes when `ops` run in order, freeing after last use.
 
@@ -234,9 +251,14 @@ def _simulate(
     meanwhile: until then, or until the next update has made its first
     temporary, unless that one is much smaller (`_RUNS_IN_ITS_GAPS`) and
     runs in its gaps (`_consumers.Consumer.runs`).
+    `reads_gradient`: a consumed gradient's name -> how many of its
+    update's temporaries are made while the update still reads it; its
+    buffer is freed before the rest are made where nothing else reads it
+    (`_consumers.Consumer.reads_gradient`).
     """
     read, last, due, sums = _last_reads(ops, aliases, accumulated, spans)
     consumed, lingering, spans = consumed or {}, lingering or {}, spans or {}
+    reads_gradient = reads_gradient or {}
     keep = {t.name for t in outputs if t.name not in consumed}
     buffer_of, size, holders = {}, {}, {}
     held, old_weight = held or {}, {}
@@ -263,6 +285,16 @@ def _simulate(
         if events is not None and n:
             events.append((key or name, n))
         return n
+
+    def _free_read(name, last_read):
+        """Frees the buffer `name` holds alone, read last now: returns
+        `(its free event, its bytes)`, or None."""
+        src = buffer_of.get(name)
+        if name in keep or not last_read or holders.get(src) != {name}:
+            return None
+        del holders[src]
+        n = size.pop(src)
+        return (_event_key(src, lists), None), n
 
     for i, op in enumerate(ops):
         for t in op.outputs:
@@ -333,6 +365,21 @@ def _simulate(
                 if events is not None:
                     events += made[:1]
                 live, running, made = live - ended(running), None, made[1:]
+            k = reads_gradient.get(t.name)
+            beside = _runs_beside(ops, i, lingering.get(t.name, 0), spans)
+            if k is not None and k < len(temps) and beside:
+                # Other ops run beside the update: its chains run one after
+                # the other, and the gradient's last read comes early. Alone
+                # (the backward pass over), they run at once on the threads.
+                freed = _free_read(t.name, last.get(t.name, i) == i)
+                if freed:
+                    # The update's last read of the gradient is done: its
+                    # buffer is free before the later temporaries.
+                    peak = _at(peak, live + sum(temps[:k]), at_peak, holders)
+                    head = made[: max(0, k - (len(temps) - len(made)))]
+                    if events is not None:
+                        events += head + [freed[0]] * bool(freed[1])
+                    live, made = live - freed[1], made[len(head) :]
             peak = _at(peak, live + sum(temps), at_peak, holders)
             if events is not None:
                 events += made

@@ -331,13 +331,14 @@ def _simulate_updating(
     gradient they pass on. `update` gives, per trainable variable, what
     consumes its gradient (`_consumers.Consumer`); `events` are filled from
     this run."""
-    consumed, lingering = {}, {}
+    consumed, lingering, reads = {}, {}, {}
     uses = update(model.trainable_variables)
     for g, use in zip(concrete.structured_outputs, uses):
         g = getattr(g, "values", g)  # a sparse gradient's rows
         if g is not None:
             consumed[_source(g).name] = use.temporaries
             lingering[_source(g).name] = use.runs
+            reads[_source(g).name] = use.reads_gradient
     outputs = list(concrete.graph.outputs)
     ends = {t.op.name for t in outputs if _source(t).name != t.name}
     return _simulate(
@@ -349,6 +350,7 @@ def _simulate_updating(
         events=events,
         consumed=consumed,
         lingering=lingering,
+        reads_gradient=reads,
         **kwargs,
     )
 
