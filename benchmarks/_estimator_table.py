@@ -320,8 +320,9 @@ at 7d9989f (no Grappler rewrite in the window's loop; one case moved) and
 at bf1f4ce (the constants Grappler folds, the gradient ops of the forward
 pass; with 09efac1's review, the same figures, 34 cases moved) and at
 c03d06f (the lingering update, 107 cases moved), at d0959d6 (its review:
-3 cases moved) and at b4c786a (the same rules); docs/estimator.md says
-what changed):
+3 cases moved), at b4c786a (the same rules) and at 8e405a0 (an update
+beside the backward pass frees its gradient before its second temporary:
+97 cases moved); docs/estimator.md says what changed):
 
 | set | estimator | n | median abs | worst | signed median | over/under | <15% |
 |---|---|---|---|---|---|---|---|
@@ -367,6 +368,10 @@ what changed):
 | held-out 1-16 | d0959d6 | 438 | 4.0% | 42.9% | -1.6% | 156 / 273 | 405 |
 | held-out 17 | b4c786a, once | 24 | 5.5% | 13.5% | -1.9% | 9 / 15 | 24 |
 | held-out 1-17 | b4c786a | 462 | 4.1% | 42.9% | -1.6% | 165 / 288 | 429 |
+| design | 8e405a0 | 66 | 2.7% | 13.3% | -0.4% | 28 / 38 | 66 |
+| held-out 1-16 | 8e405a0 | 438 | 4.0% | 42.9% | -2.0% | 149 / 280 | 409 |
+| held-out 17 | 8e405a0 | 24 | 5.7% | 13.5% | -2.0% | 8 / 16 | 24 |
+| held-out 1-17 | 8e405a0 | 462 | 4.1% | 42.9% | -2.0% | 157 / 296 | 433 |
 
 """
 
