@@ -300,7 +300,10 @@ SETS = (
         "heldout18",
         "model families in none of the sets above, fixed before it was "
         "measured, measured without an estimate (each case the median of 3 "
-        "runs in fresh processes); benchmarks/_estimator_heldout18.py says "
+        "runs in fresh processes), estimated once with 8e405a0's rules "
+        "(an update beside the backward pass frees its gradient early; "
+        "with the rules before it: median 4.8%, worst 43.2%); "
+        "benchmarks/_estimator_heldout18.py says "
         "why each is new; the goal of issue #23: median |error| <= 6%, "
         "worst <= 12%, no one-sided bias",
     ),
@@ -372,6 +375,9 @@ beside the backward pass frees its gradient before its second temporary:
 | held-out 1-16 | 8e405a0 | 438 | 4.0% | 42.9% | -2.0% | 149 / 280 | 409 |
 | held-out 17 | 8e405a0 | 24 | 5.7% | 13.5% | -2.0% | 8 / 16 | 24 |
 | held-out 1-17 | 8e405a0 | 462 | 4.1% | 42.9% | -2.0% | 157 / 296 | 433 |
+| held-out 18 | c82c33e (not stored) | 24 | 4.8% | 43.2% | -2.1% | 8 / 15 | 17 |
+| held-out 18 | 8e405a0, once | 24 | 4.2% | 43.2% | -2.0% | 8 / 15 | 18 |
+| held-out 1-18 | 8e405a0 | 486 | 4.1% | 43.2% | -2.0% | 165 / 311 | 451 |
 
 """
 
