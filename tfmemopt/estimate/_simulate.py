@@ -13,6 +13,10 @@ import tensorflow as tf
 
 from tfmemopt.estimate._kept import _ALIAS
 from tfmemopt.estimate._kept import _FREE
+from tfmemopt.estimate._update_timing import _RUNS_IN_ITS_GAPS
+from tfmemopt.estimate._update_timing import _runs_beside
+from tfmemopt.estimate._update_timing import _starts
+from tfmemopt.estimate._update_timing import _update_ends
 
 # Element-wise kernels that write their output into an input's buffer when
 # nothing else holds that input (`forward_input_or_allocate_output`):
@@ -65,12 +69,6 @@ _IN_PLACE = {
 }
 
 
-# An update whose temporaries are less than 1/4 of a lingering update's (a
-# bias's or a normalization's scale's beside a kernel's) runs in its gaps
-# and leaves it running (`lingering`).
-_RUNS_IN_ITS_GAPS = 4
-
-
 def _reusable_input(op, i, n, last, keep, buffer_of, holders, size):
     """The buffer an element-wise op `i` writes its output into, or None:
     an input of the same size that only this op reads and nothing else
@@ -109,12 +107,6 @@ def _read_names(tensors, aliases):
             name = aliases[name]
             names.append(name)
     return names
-
-
-def _starts(ops, spans) -> list:
-    """When each op starts on the executor's threads (`spans`; 0 for an
-    op it does not time)."""
-    return [spans[op.name][0] if op.name in spans else 0 for op in ops]
 
 
 def _released_at(ops, spans):
@@ -176,32 +168,6 @@ def _at(peak, live, at_peak, holders) -> int:
         at_peak.clear()
         at_peak.update(holders)
     return max(peak, live)
-
-
-def _update_ends(i, op, runs, spans, starts) -> tuple:
-    """`(index, time)`: when an update of `runs` (`spans`' units) that
-    starts as `op`, the `i`-th, ends, and the index of the last op that
-    starts before then; `(len(starts), inf)` (never) without `spans`."""
-    if op.name not in spans:
-        return len(starts), float("inf")
-    end = spans[op.name][1] + runs
-    return max(i, bisect.bisect_left(starts, end) - 1), end
-
-
-def _runs_beside(ops, i, runs, spans) -> bool:
-    """Whether an op after `ops[i]` (in the executor's order, by start) is
-    running while an update of `runs` (`spans`' units) that starts as
-    `ops[i]` ends does; True without `spans`."""
-    if ops[i].name not in spans:
-        return True
-    start = spans[ops[i].name][1]
-    for op in ops[i + 1 :]:
-        begin, end = spans.get(op.name, (start, start))
-        if begin >= start + runs:
-            return False
-        if end > start:
-            return True
-    return False
 
 
 def _event_key(name, lists):
@@ -366,7 +332,9 @@ def _simulate(
                     events += made[:1]
                 live, running, made = live - ended(running), None, made[1:]
             k = reads_gradient.get(t.name)
-            beside = _runs_beside(ops, i, lingering.get(t.name, 0), spans)
+            beside = _runs_beside(
+                ops, i, lingering.get(t.name, 0), spans, starts
+            )
             if k is not None and k < len(temps) and beside:
                 # Other ops run beside the update: its chains run one after
                 # the other, and the gradient's last read comes early. Alone
@@ -376,7 +344,8 @@ def _simulate(
                     # The update's last read of the gradient is done: its
                     # buffer is free before the later temporaries.
                     peak = _at(peak, live + sum(temps[:k]), at_peak, holders)
-                    head = made[: max(0, k - (len(temps) - len(made)))]
+                    emitted = len(temps) - len(made)  # in its gaps, above
+                    head = made[: max(0, k - emitted)]
                     if events is not None:
                         events += head + [freed[0]] * bool(freed[1])
                     live, made = live - freed[1], made[len(head) :]
