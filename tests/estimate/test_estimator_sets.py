@@ -11,8 +11,9 @@ none with any of the thirteen before it, the fourteenth none with any
 of the fourteen before it, the fifteenth none with any of the fifteen
 before it, the sixteenth none with any of the sixteen before it, the
 seventeenth none with any of the seventeen before it, the eighteenth
-none with any of the eighteen before it, and a case whose
-setting could not be applied is left out of its set's figures. Pure
+none with any of the eighteen before it, the nineteenth none with any
+of the nineteen before it, and a case whose setting could not be
+applied is left out of its set's figures. Pure
 Python: nothing is built or trained."""
 
 import os
@@ -90,6 +91,7 @@ def _check_new_set(new, earlier, name):
         "heldout16",
         "heldout17",
         "heldout18",
+        "heldout19",
     ],
 )
 def test_a_later_heldout_set_is_new_and_covers_the_settings(which):
