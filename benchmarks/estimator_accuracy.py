@@ -19,12 +19,12 @@ a change to the estimator; trains nothing) or `--table` (the table again).
 `--heldout5`, `--heldout6`, `--heldout7`, `--heldout8`, `--heldout9`,
 `--heldout10`, `--heldout11`, `--heldout12`, `--heldout13`,
 `--heldout14`, `--heldout15`, `--heldout16`, `--heldout17`,
-`--heldout18` or `--heldout19` measure one set's models;
+`--heldout18`, `--heldout19` or `--heldout20` measure one set's models;
 with `--again`,
 one more run of them, each case's `measured` the median over the runs
 (the held-out sets are the median of 3 runs: run once, then twice with
 `--again`). The
-third to nineteenth held-out sets are measured without an estimate (their
+third to twentieth held-out sets are measured without an estimate (their
 rows' `estimate` is null, and the table leaves their models out until
 they have one): each is estimated once, by `--heldout3 --reestimate`,
 `--heldout4 --reestimate`, `--heldout5 --reestimate`, `--heldout6
@@ -33,8 +33,8 @@ they have one): each is estimated once, by `--heldout3 --reestimate`,
 --reestimate`, `--heldout12 --reestimate`, `--heldout13 --reestimate`,
 `--heldout14 --reestimate`, `--heldout15 --reestimate`,
 `--heldout16 --reestimate`, `--heldout17 --reestimate`,
-`--heldout18 --reestimate` or `--heldout19 --reestimate`, after the
-estimator's rules are final.
+`--heldout18 --reestimate`, `--heldout19 --reestimate` or
+`--heldout20 --reestimate`, after the estimator's rules are final.
 
 The estimate is for `tfmemopt.Model`'s train step (`trainer="tfmemopt"`),
 which is what is measured.
@@ -94,6 +94,8 @@ from _estimator_heldout18 import HELDOUT18  # noqa: E402
 from _estimator_heldout18 import build_heldout18  # noqa: E402
 from _estimator_heldout19 import HELDOUT19  # noqa: E402
 from _estimator_heldout19 import build_heldout19  # noqa: E402
+from _estimator_heldout20 import HELDOUT20  # noqa: E402
+from _estimator_heldout20 import build_heldout20  # noqa: E402
 from _estimator_table import summarize  # noqa: E402
 from _estimator_table import write_table  # noqa: E402
 
@@ -126,8 +128,9 @@ VARIANTS = ("base", "accumulation=4", "checkpointing=auto", "mixed_bfloat16")
 # _estimator_heldout11.py, _estimator_heldout12.py,
 # _estimator_heldout13.py, _estimator_heldout14.py,
 # _estimator_heldout15.py, _estimator_heldout16.py,
-# _estimator_heldout17.py, _estimator_heldout18.py and
-# _estimator_heldout19.py, with why each family is held out.
+# _estimator_heldout17.py, _estimator_heldout18.py,
+# _estimator_heldout19.py and _estimator_heldout20.py, with why each
+# family is held out.
 # The held-out sets in the order they were made: name -> (model -> cases,
 # builder).
 HELDOUT_SETS = {
@@ -150,6 +153,7 @@ HELDOUT_SETS = {
     "heldout17": (HELDOUT17, build_heldout17),
     "heldout18": (HELDOUT18, build_heldout18),
     "heldout19": (HELDOUT19, build_heldout19),
+    "heldout20": (HELDOUT20, build_heldout20),
 }
 ALL = list(MODELS) + [
     name for models, _ in HELDOUT_SETS.values() for name in models
@@ -173,6 +177,7 @@ MEASURE_ONLY = (
     "heldout17",
     "heldout18",
     "heldout19",
+    "heldout20",
 )
 
 
@@ -180,7 +185,7 @@ def set_of(name):
     """'design' (the rules were designed on it), 'heldout' (the first
     held-out set, used since to find defects), 'heldout2' (the second,
     measured once after it was fixed, used since to diagnose) or
-    'heldout3' / ... / 'heldout19' (the third to nineteenth, measured
+    'heldout3' / ... / 'heldout20' (the third to twentieth, measured
     without an estimate, each estimated once after the rules are final)."""
     for which, (models, _) in HELDOUT_SETS.items():
         if name in models:
@@ -437,7 +442,7 @@ def run_model(name, cases):
                 peaks.append(device_memory()["peak"] - base)
         except Exception as e:
             error = error or f"training failed: {type(e).__name__}"
-        # The third to nineteenth held-out sets are measured only;
+        # The third to twentieth held-out sets are measured only;
         # --reestimate estimates each once the estimator's rules are final.
         est, seconds = (
             (None, None)
@@ -658,7 +663,7 @@ def main():
     # --heldout5 / --heldout6 / --heldout7 / --heldout8 / --heldout9 /
     # --heldout10 / --heldout11 / --heldout12 / --heldout13 /
     # --heldout14 / --heldout15 / --heldout16 / --heldout17 /
-    # --heldout18 / --heldout19: one set's models only.
+    # --heldout18 / --heldout19 / --heldout20: one set's models only.
     # --again:
     # another run of the named models, measured = the median over the runs.
     sets = {"design": MODELS}
@@ -694,7 +699,7 @@ def main():
         rows += got
         for r in got:
             m = r["measured"]
-            if r["estimate"] is None:  # measured only (sets 3 to 19)
+            if r["estimate"] is None:  # measured only (sets 3 to 20)
                 print(
                     f"{name:19s} {r['variant']:20s} B={r['batch']:5d} "
                     f"measured={(m or 0) / MIB:8.1f} MiB "

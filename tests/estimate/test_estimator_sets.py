@@ -12,8 +12,9 @@ of the fourteen before it, the fifteenth none with any of the fifteen
 before it, the sixteenth none with any of the sixteen before it, the
 seventeenth none with any of the seventeen before it, the eighteenth
 none with any of the eighteen before it, the nineteenth none with any
-of the nineteen before it, and a case whose setting could not be
-applied is left out of its set's figures. Pure
+of the nineteen before it, the twentieth none with any of the twenty
+before it, and a case whose setting could not be applied is left out
+of its set's figures. Pure
 Python: nothing is built or trained."""
 
 import os
@@ -92,6 +93,7 @@ def _check_new_set(new, earlier, name):
         "heldout17",
         "heldout18",
         "heldout19",
+        "heldout20",
     ],
 )
 def test_a_later_heldout_set_is_new_and_covers_the_settings(which):
