@@ -322,6 +322,13 @@ def _decayed_reads(concrete, run, variables, nbytes) -> dict:
     return held
 
 
+# An element-wise update of a sparse gradient reads and writes its rows
+# 4 times besides the weight-sized traffic (`update_traffic`): Adam's sum
+# of the rows into `g - m`, `square(g)` read and written, and its sum into
+# the table-sized `square(g) - v`.
+_ROWS_TRAFFIC = 4
+
+
 def _simulate_updating(
     model, concrete, ops, size_of, aliases, scratch, update, events, **kwargs
 ):
@@ -331,14 +338,25 @@ def _simulate_updating(
     gradient they pass on. `update` gives, per trainable variable, what
     consumes its gradient (`_consumers.Consumer`); `events` are filled from
     this run."""
-    consumed, lingering, reads = {}, {}, {}
+    consumed, lingering, reads, rows_first = {}, {}, {}, set()
     uses = update(model.trainable_variables)
     for g, use in zip(concrete.structured_outputs, uses):
-        g = getattr(g, "values", g)  # a sparse gradient's rows
-        if g is not None:
-            consumed[_source(g).name] = use.temporaries
-            lingering[_source(g).name] = use.runs
-            reads[_source(g).name] = use.reads_gradient
+        rows = getattr(g, "values", None)  # a sparse gradient's rows
+        if rows is None and g is None:
+            continue
+        name = _source(rows if rows is not None else g).name
+        temps, runs, k = use.temporaries, use.runs, use.reads_gradient
+        if rows is not None and use.copies_rows:
+            # The update's first element-wise op on the rows keeps them
+            # sparse: a new tensor of the rows' size (Adam's `square(g)`),
+            # made while the update reads them (`rows_square`); they are
+            # read and written as long as the weight's own traffic.
+            n = size_of(_source(rows)) or 0
+            temps = [n, *temps]
+            k = None if k is None else k + 1
+            runs += _ROWS_TRAFFIC * n
+            rows_first.add(name)
+        consumed[name], lingering[name], reads[name] = temps, runs, k
     outputs = list(concrete.graph.outputs)
     ends = {t.op.name for t in outputs if _source(t).name != t.name}
     return _simulate(
@@ -351,6 +369,7 @@ def _simulate_updating(
         consumed=consumed,
         lingering=lingering,
         reads_gradient=reads,
+        rows_square=rows_first,
         **kwargs,
     )
 
