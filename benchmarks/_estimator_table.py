@@ -311,7 +311,10 @@ SETS = (
         "heldout19",
         "model families in none of the sets above, fixed before it was "
         "measured, measured without an estimate (each case the median of 3 "
-        "runs in fresh processes); benchmarks/_estimator_heldout19.py says "
+        "runs in fresh processes), estimated once with 5c8d643's rules "
+        "(a sparse gradient's rows in its update; with the rules before "
+        "it the same estimate for every case); "
+        "benchmarks/_estimator_heldout19.py says "
         "why each is new; the goal of issue #23: median |error| <= 6%, "
         "worst <= 12%, no one-sided bias",
     ),
@@ -341,7 +344,9 @@ pass; with 09efac1's review, the same figures, 34 cases moved) and at
 c03d06f (the lingering update, 107 cases moved), at d0959d6 (its review:
 3 cases moved), at b4c786a (the same rules) and at 8e405a0 (an update
 beside the backward pass frees its gradient before its second temporary:
-97 cases moved); docs/estimator.md says what changed):
+97 cases moved) and at 5c8d643 (the update of a sparse gradient copies
+its rows when it reads them twice, and holds them while it runs: 8 cases
+moved); docs/estimator.md says what changed):
 
 | set | estimator | n | median abs | worst | signed median | over/under | <15% |
 |---|---|---|---|---|---|---|---|
@@ -394,6 +399,11 @@ beside the backward pass frees its gradient before its second temporary:
 | held-out 18 | c82c33e (not stored) | 24 | 4.8% | 43.2% | -2.1% | 8 / 15 | 17 |
 | held-out 18 | 8e405a0, once | 24 | 4.2% | 43.2% | -2.0% | 8 / 15 | 18 |
 | held-out 1-18 | 8e405a0 | 486 | 4.1% | 43.2% | -2.0% | 165 / 311 | 451 |
+| design | 5c8d643 | 66 | 2.7% | 13.3% | -0.4% | 28 / 38 | 66 |
+| held-out 1-18 | 5c8d643 | 486 | 4.0% | 42.9% | -2.0% | 166 / 310 | 453 |
+| held-out 19 | 8e405a0 (not stored) | 24 | 5.3% | 32.4% | +0.1% | 13 / 11 | 19 |
+| held-out 19 | 5c8d643, once | 24 | 5.3% | 32.4% | +0.1% | 13 / 11 | 19 |
+| held-out 1-19 | 5c8d643 | 510 | 4.1% | 42.9% | -1.9% | 179 / 321 | 472 |
 
 """
 
