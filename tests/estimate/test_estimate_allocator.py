@@ -12,7 +12,7 @@ import tfmemopt
 from tfmemopt import estimate_memory
 from tfmemopt._compat import sublayers
 from tfmemopt.estimate import CPU_STATS_MIN_BYTES
-from tfmemopt.estimate import _simulate
+from tfmemopt.estimate import _in_place
 from tfmemopt.estimate import _step_graph
 
 F32 = 4
@@ -168,7 +168,7 @@ def test_element_wise_ops_reuse_a_buffer_only_their_own(monkeypatch):
     not reused."""
     model = _pooled()
     reused = _step_graph.trace_step(model, 32).peak
-    monkeypatch.setattr(_simulate, "_IN_PLACE", set())
+    monkeypatch.setattr(_in_place, "_IN_PLACE", set())
     separate = _step_graph.trace_step(model, 32).peak
     buffer = 32 * 64 * 256 * F32  # the second [32, 64, 256] buffer
     assert 0.9 * buffer <= separate - reused <= 1.1 * buffer
