@@ -349,7 +349,9 @@ c03d06f (the lingering update, 107 cases moved), at d0959d6 (its review:
 beside the backward pass frees its gradient before its second temporary:
 97 cases moved) and at 5c8d643 (the update of a sparse gradient copies
 its rows when it reads them twice, and holds them while it runs: 8 cases
-moved); docs/estimator.md says what changed):
+moved); "dropped rule": an input whose other readers are its op's
+ancestors written over, found on set 19, tried and not kept;
+docs/estimator.md says what changed):
 
 | set | estimator | n | median abs | worst | signed median | over/under | <15% |
 |---|---|---|---|---|---|---|---|
@@ -404,15 +406,15 @@ moved); docs/estimator.md says what changed):
 | held-out 1-18 | 8e405a0 | 486 | 4.1% | 43.2% | -2.0% | 165 / 311 | 451 |
 | design | 5c8d643 | 66 | 2.7% | 13.3% | -0.4% | 28 / 38 | 66 |
 | held-out 1-18 | 5c8d643 | 486 | 4.0% | 42.9% | -2.0% | 166 / 310 | 453 |
-| held-out 19 | 8e405a0 (not stored) | 24 | 5.3% | 32.4% | +0.1% | 13 / 11 | 19 |
+| held-out 19 | 8e405a0, not stored | 24 | 5.3% | 32.4% | +0.1% | 13 / 11 | 19 |
 | held-out 19 | 5c8d643, once | 24 | 5.3% | 32.4% | +0.1% | 13 / 11 | 19 |
 | held-out 1-19 | 5c8d643 | 510 | 4.1% | 42.9% | -1.9% | 179 / 321 | 472 |
-| design | an input's other readers ended (not kept) | 66 | 2.7% | 13.3% | -0.6% | 27 / 39 | 66 |
-| held-out 1-18 | an input's other readers ended (not kept) | 486 | 4.1% | 42.9% | -2.3% | 157 / 319 | 452 |
-| held-out 19 | an input's other readers ended (not kept) | 24 | 4.2% | 23.9% | -1.0% | 6 / 18 | 22 |
-| held-out 20 | an input's other readers ended (not kept) | 24 | 4.4% | 22.8% | -2.2% | 6 / 17 | 23 |
-| held-out 20 | 5c8d643 (815c921), once | 24 | 3.3% | 22.8% | -1.4% | 8 / 14 | 23 |
-| held-out 1-20 | 5c8d643 (815c921) | 534 | 4.0% | 42.9% | -1.9% | 187 / 335 | 495 |
+| design | dropped rule | 66 | 2.7% | 13.3% | -0.6% | 27 / 39 | 66 |
+| held-out 1-18 | dropped rule | 486 | 4.1% | 42.9% | -2.3% | 157 / 319 | 452 |
+| held-out 19 | dropped rule | 24 | 4.2% | 23.9% | -1.0% | 6 / 18 | 22 |
+| held-out 20 | dropped rule | 24 | 4.4% | 22.8% | -2.2% | 6 / 17 | 23 |
+| held-out 20 | 5c8d643, once | 24 | 3.3% | 22.8% | -1.4% | 8 / 14 | 23 |
+| held-out 1-20 | 5c8d643 | 534 | 4.0% | 42.9% | -1.9% | 187 / 335 | 495 |
 
 """
 
