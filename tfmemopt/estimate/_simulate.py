@@ -297,14 +297,13 @@ def _simulate(
             if lingering.get(t.name) and temps and not running:
                 live += sum(temps)
                 end = _update_ends(i, op, lingering[t.name], spans, starts)
-                running = (keys, sum(temps), *end)
-                if t.name in rows_square:
-                    # The update reads the rows while it runs: they are
-                    # freed with its temporaries.
-                    rows = _free_read(t.name, True)
-                    if rows:
-                        running = (keys + [rows[0][0]], running[1] + rows[1])
-                        running += tuple(end)
+                # The update reads a sparse gradient's rows while it runs:
+                # they are freed with its temporaries.
+                rows = t.name in rows_square and _free_read(t.name, True)
+                if rows:
+                    running = (keys + [rows[0][0]], sum(temps) + rows[1], *end)
+                else:
+                    running = (keys, sum(temps), *end)
             elif events is not None:
                 events += [(k, None) for k in keys]
             if t.name not in last:

@@ -168,13 +168,12 @@ def plan(
             budget kept free for the estimator's error: plans are chosen by
             estimated peak <= `memory_budget x (1 - margin)`, so a peak up
             to 1.33x its estimate still fits. The estimate errs low more
-            often than high: on the 18 held-out sets of docs/estimator.md
-            (486 cases of model families no rule was designed on, CPU)
-            0.25 covers all but 2 (recurrent layers with accumulation, up
-            to 1.75x, through `run_ahead`, which must fit the whole
-            budget); the 2 are a memory network's sparse gradients, 1.76x
-            and 1.47x (its update's square of the rows, not modelled).
-            Use `verify=True` to measure.
+            often than high: on the 20 held-out sets of docs/estimator.md
+            (534 cases of model families no rule was designed on, CPU)
+            the largest measured peak was 1.30x its estimate; 0.25 covers
+            every case (recurrent layers with accumulation, up to 1.75x,
+            through `run_ahead`, which must fit the whole budget). Use
+            `verify=True` to measure.
         input_shape: `None`, one sample's shape, a list or a dict of them,
             as for `estimate_memory`: for inputs of unknown size.
         sequence_length: `None` or Int, as for `estimate_memory`: the size
