@@ -216,10 +216,10 @@ def pytest_collection_modifyitems(config, items):
     """Test modules with a test marked `slow` run first, each module's tests
     together and in their order (module-scoped fixtures are set up once).
 
-    `make test` hands whole test files to two workers (`--dist loadfile`),
+    `make test` hands whole test files to three workers (`--dist loadfile`),
     the next file to whichever is free: with the long ones first, no worker
     is left running a long test alone at the end, and a module-scoped
-    fixture is set up once (split between two workers, the multi-worker and
+    fixture is set up once (split between workers, the multi-worker and
     mirrored fixtures ran twice: 100 s). Since pytest-xdist 3.5 the
     scheduler reorders the files by their number of tests, which puts the
     long one-test files last (one worker ran the 97 s FSDP test alone while

@@ -1,7 +1,7 @@
 """The round-trip matrix's rows on 2 logical CPUs (`ShardedOptimizer`,
 `shard_parameters`): every multi-device case in one subprocess, checked as
 tests/round_trip/test_round_trip.py checks the others. A file of its own so
-that the suite's two workers (whole files each) share the matrix's time."""
+that the suite's workers (whole files each) share the matrix's time."""
 
 from __future__ import annotations
 
