@@ -126,6 +126,15 @@ _VIEWS = _ALIAS | _FREE | {"Placeholder"}
 _PROBE_CONFIG = {"learning_rate": 1e-3}
 
 
+# An element-wise update of a sparse gradient reads and writes its rows
+# 4 times besides the weight-sized traffic (`update_traffic`): Adam's sum
+# of the rows into `g - m`, `square(g)` read and written, and its sum into
+# the table-sized `square(g) - v`. Added to `Consumer.runs` where
+# `Consumer.copies_rows` (`_updating._simulate_updating`, which knows the
+# rows' size).
+ROWS_TRAFFIC = 4
+
+
 def update_traffic(optimizer) -> int:
     """The bytes a Keras element-wise optimizer's update of one weight
     reads and writes, per byte of the weight: its `update_step` traced on
@@ -166,13 +175,13 @@ def _traced(optimizer) -> tuple:
     key = (type(inner), repr(sorted(config.items())))
     if key not in _TRAFFIC:
         try:
-            _TRAFFIC[key] = _traced_traffic(type(inner), config)
+            _TRAFFIC[key] = _traced_update(type(inner), config)
         except Exception:  # noqa: BLE001 - any optimizer the probe fails on
             _TRAFFIC[key] = (0, 0)
     return _TRAFFIC[key]
 
 
-def _traced_traffic(cls, config) -> tuple:
+def _traced_update(cls, config) -> tuple:
     probe = cls.from_config(config)
     weight = keras.Variable(tf.zeros([_PROBE_ELEMENTS]), name="probe")
     probe.build([weight])
