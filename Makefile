@@ -14,12 +14,11 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 export TFMEMOPT_TEST_FORK ?= 1
 # Whole files to three workers on 2 cores, in the order tests/conftest.py
 # sorts them (the long ones first; without --no-loadscope-reorder the
-# scheduler puts the files with the most tests first). Two workers left the
-# cores idle about an eighth of the time (a subprocess starting, a file
-# written, a worker process waiting on its peer): the same clone on
-# 2026-12-06 took 1173.1 s with 2 workers, 1028.4 s with 3, 1003.1 s with 4
-# (each test 1.31x and 1.68x slower than with 2; 3 keeps the longest test
-# under half its subprocess timeout).
+# scheduler puts the files with the most tests first). The same clone on
+# 2026-12-06 took 1173.1 s with 2 workers, 1028.4 s with 3, 1003.1 s with 4;
+# each test ran 1.31x longer with 3 than with 2, not 1.5x, so 2 left the
+# cores idle part of the time. 4 took the longest test from 162 s to 190 s
+# (its subprocesses time out at 300 s each) for 25 s less in all.
 PYTEST_ARGS ?= -n 3 --dist loadfile --no-loadscope-reorder
 
 .PHONY: demo test lint format bench clean venv

@@ -92,7 +92,8 @@ def test_small_updates_and_weight_decay_are_kept():
     for mode in (None, "stochastic"):
         w, _ = _run(make(mode), "bfloat16", 1.0)
         assert float(w.mean()) < 1.0  # moved, where plain rounding did not
-        assert 1.0 - float(w.mean()) == pytest.approx(moved, rel=0.05)
+        # as far as float32 moved (a lost small step moves it less)
+        assert abs((1.0 - float(w.mean())) - moved) <= 0.05 * moved, mode
     w, opt = _run(make("kahan"), "bfloat16", 1.0)
     # every weight within a bfloat16 ulp below 1.0 (2^-8) of float32's
     assert np.abs(w - ref).max() <= 2.0**-8
