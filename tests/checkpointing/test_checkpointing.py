@@ -518,32 +518,45 @@ def test_mirrored_strategy_two_cpus():
     assert run_in_subprocess(code, n_cpus=2) <= 1e-6
 
 
-def _dense_stack(ckpt, depth=8, width=256):
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential(
-        [keras.Input((width,))]
-        + [keras.layers.Dense(width, activation="relu") for _ in range(depth)]
-        + [keras.layers.Dense(1)]
-    )
-    if ckpt:
-        tfmemopt.enable_checkpointing(model, "auto")
-    model.compile(keras.optimizers.SGD(1e-4), "mse")
-    return model
-
-
-def test_auto_saves_memory_in_graph_fit(step_peak):
-    batch = 2048
-    x = np.random.RandomState(0).randn(batch, 256).astype("float32")
-    y = np.ones((batch, 1), "float32")
+def test_auto_saves_memory_in_graph_fit():
+    # In a fresh process, and the train step alone (`train_on_batch` on
+    # tensors; `fit` adds its data pipeline's copies of the batch, 2 MiB
+    # each, at times of their own). In a CI worker after other test files,
+    # the smallest of 4 `fit` steps of the checkpointed model read 17.0 MiB
+    # against 22.5 for the plain one (0.757); alone it reads 12.5-14.5. As
+    # written here, beside three busy processes: 0.575-0.658 in 5 runs.
+    code = """
+    import keras, numpy as np, tfmemopt
+    from tfmemopt.memory import MemoryStatsUnavailable, measure_peak
+    batch, width = 2048, 256
+    x = tf.constant(np.random.RandomState(0).randn(batch, width), tf.float32)
+    y = tf.ones((batch, 1))
     peaks = {}
     for ckpt in (False, True):
-        model = _dense_stack(ckpt)
-        model.fit(x, y, batch_size=batch, verbose=0)  # trace outside
-        # The smallest of 4 steps: under a loaded CI worker the smaller of 2
-        # steps of the checkpointed model read 18.0 MiB, where it reads
-        # 12.5-14.5 alone (executor timing, or another thread's tensor).
-        peaks[ckpt] = step_peak(
-            lambda: model.fit(x, y, batch_size=batch, verbose=0), repeats=4
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential(
+            [keras.Input((width,))]
+            + [keras.layers.Dense(width, activation="relu") for _ in range(8)]
+            + [keras.layers.Dense(1)]
         )
+        if ckpt:
+            tfmemopt.enable_checkpointing(model, "auto")
+        model.compile(keras.optimizers.SGD(1e-4), "mse")
+        model.train_on_batch(x, y)  # trace outside
+        # the smallest of 4 steps: the executor's order of the backward
+        # pass's ops varies from step to step (12.2-14.0 MiB measured)
+        try:
+            peaks[str(ckpt)] = min(
+                measure_peak(lambda: model.train_on_batch(x, y))[0]
+                for _ in range(4)
+            )
+        except MemoryStatsUnavailable as e:
+            peaks = {"skip": str(e)}
+            break
+    emit(peaks)
+    """
+    peaks = run_in_subprocess(code, n_cpus=1)
+    if "skip" in peaks:
+        pytest.skip(peaks["skip"])
     # measured 0.5x at full size; generous for the small model
-    assert peaks[True] <= 0.75 * peaks[False], peaks
+    assert peaks["True"] <= 0.75 * peaks["False"], peaks
