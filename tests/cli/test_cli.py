@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 
 import keras
 import pytest
@@ -96,6 +97,25 @@ def test_estimate_table_and_settings_in_process(tmp_path, capsys):
     assert "policy=mixed_bfloat16" in out and "accumulation_steps=2" in out
     # The compiled optimizer was saved with the model and is used.
     assert "optimizer=SGD" in out
+
+
+def test_loading_a_model_saved_before_training_does_not_warn(tmp_path, capsys):
+    # Saved with its optimizer unbuilt: Keras's `load_model` builds it and
+    # warns that it skips the saved optimizer variables, which the commands
+    # never read.
+    model, _ = _saved_model(tmp_path)
+    model.compile(optimizer="adam", loss="mse")  # slots: Keras warns
+    path = str(tmp_path / "adam.keras")
+    model.save(path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        keras.saving.load_model(path)
+    assert any("Skipping variable loading" in str(w.message) for w in caught)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert cli.main(["estimate", path, "--batch-size", "8"]) == 0
+    assert "total" in capsys.readouterr().out
+    assert not [w for w in caught if "Skipping variable" in str(w.message)]
 
 
 def test_estimate_shard_parameters(tmp_path, capsys):

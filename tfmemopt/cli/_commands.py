@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from typing import Callable
 
 # name -> (help, add_arguments(parser), run(args) -> exit code)
@@ -211,10 +212,18 @@ def load_saved_model(
     custom = _import_modules(imports, command)
     if custom is None:
         return None
-    try:
-        return keras.saving.load_model(path, custom_objects=custom)
-    except Exception:  # a saved optimizer or loss that cannot be rebuilt
-        pass
+    with warnings.catch_warnings():
+        # A model saved before it trained holds no optimizer state; Keras
+        # builds the optimizer as it loads and warns that it skips the
+        # saved variables. The commands read only the optimizer's class and
+        # configuration: the warning would only alarm.
+        warnings.filterwarnings(
+            "ignore", message="Skipping variable loading for optimizer"
+        )
+        try:
+            return keras.saving.load_model(path, custom_objects=custom)
+        except Exception:  # a saved optimizer or loss that cannot be rebuilt
+            pass
     try:
         model = keras.saving.load_model(
             path, custom_objects=custom, compile=False
