@@ -124,10 +124,9 @@ def fit(m, epochs, **kwargs):
 
 def save_and_continue(m, w2):
     # After 2 epochs of AdamW8bit (whole blocks per replica; Keras does not
-    # save `exclude_from_weight_decay`, so not the AdamW case): every way to
-    # save, then 2 epochs more (the uninterrupted run to equal).
+    # save `exclude_from_weight_decay`, so not the AdamW case): the .keras
+    # file, then 2 epochs more (the uninterrupted run to equal).
     m.save(f"{D}/m.keras")
-    m.save_weights(f"{D}/m.weights.h5")
     ref = fit(m, 2)
     np.savez(f"{D}/ref.npz", *ref, *w2)
 
@@ -140,21 +139,13 @@ def resume_gap(w, n=None):
     return max(float(np.max(np.abs(a - b))) for a, b in zip(w, ref)) / update
 
 
-def resumed_runs(strategy, weights=True):
+def resumed_runs(strategy):
+    # The .keras file; BackupAndRestore covers save_weights at R=2.
     out = {}
     with strategy.scope():
         m = keras.saving.load_model(f"{D}/m.keras")
     out["keras"] = resume_gap(fit(m, 2))
     out["keras_sharded"] = m._shards is not None
-    if not weights:  # BackupAndRestore covers save_weights at R=2
-        return out
-    with strategy.scope():
-        m = make_model(True)
-        m.compile(optimizer=OPTS["adamw8bit"](m), loss="mse")
-    if not m.optimizer.built:  # unsharded: Keras builds it on first use
-        m.optimizer.build(m.trainable_variables)
-    m.load_weights(f"{D}/m.weights.h5")
-    out["save_weights"] = resume_gap(fit(m, 2))
     return out
 
 
@@ -304,14 +295,14 @@ out["mixed_float16"] = {
 # by BackupAndRestore (save_weights / load_weights), with no strategy
 # from the .keras file (and at R=4 in the other subprocess).
 out["resume"] = {"backup_and_restore": backup_and_restore(STRATEGY)}
-out["resume_one_device"] = resumed_runs(ONE, weights=False)
+out["resume_one_device"] = resumed_runs(ONE)
 emit(out)
 """
 
 AT_FOUR = """
 out = {}
 # The R=2 checkpoint resumed at R=4.
-out["resume"] = resumed_runs(STRATEGY, weights=False)
+out["resume"] = resumed_runs(STRATEGY)
 # Bytes of every live variable once built, Adam and AdamW8bit.
 for name, make_opt in (("adam", lambda m: keras.optimizers.Adam(1e-3)),
                        ("adamw8bit", OPTS["adamw8bit"])):

@@ -276,6 +276,9 @@ def test_two_workers_shard_the_weights_and_equal_one_device(tmp_path):
     print(f"sharded vs one device {vs_one:.3g}, floor {floor:.3g}")
     assert vs_one <= max(2 * floor, 1e-6), (vs_one, floor)
     assert w0["evaluate"] <= 1e-5, w0
+    for w in (w0, w1):  # predict gathers on both workers
+        assert w["predict_shape"] == [64, 5], w["predict_shape"]
+        assert w["predict"] <= 1e-5, w["predict"]
     assert w0["alone_ok"] and w0["keras_ok"] and w0["keras_state"], w0
     _check_8bit(tmp_path, w0, w1, floor)
     saved = saved_optimizer_state(tmp_path / "s.weights.h5")
