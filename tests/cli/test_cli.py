@@ -129,9 +129,15 @@ def test_estimate_shard_parameters(tmp_path, capsys):
     assert sharded["settings"]["shard_parameters"] is True
     assert sharded["gathered"] > 0 and whole["gathered"] == 0
     assert sharded["optimizer_state"] < whole["optimizer_state"]
-    rc = cli.main(args + ["--shard-parameters", "--accumulation-steps", "2"])
-    assert rc == 2
-    assert "accumulation_steps=1" in capsys.readouterr().err
+    # With accumulation, as tfmemopt.Model trains it: shard accumulators.
+    args += ["--shard-parameters", "--accumulation-steps", "2", "--json"]
+    assert cli.main(args) == 0
+    accumulating = json.loads(capsys.readouterr().out)
+    assert 0 < accumulating["accumulation"] <= whole["parameters"] // 2 + 8
+    # Refusals keep their exit code: a factored optimizer is not elementwise.
+    args[args.index("adam")] = "tfmemopt.Adafactor"
+    assert cli.main(args) == 2
+    assert "elementwise" in capsys.readouterr().err
 
 
 def test_estimate_long_sequence_options(tmp_path, capsys):

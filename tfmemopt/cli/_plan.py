@@ -220,7 +220,7 @@ def _plan_arguments(parser):
         "in tfmemopt.ShardedOptimizer (1/R of its state per replica, needs "
         "--replicas > 1), or shard the weights too with "
         "tfmemopt.Model(..., shard_parameters=True) (1/R of the weights, "
-        "gradients and state; no accumulation); long_sequences: "
+        "gradients and state); long_sequences: "
         "chunked_loss=True and attention='chunked' when the logits or the "
         "attention scores do not fit; optimizer_state: switch "
         "to an 8-bit or factored optimizer (AdamW8bit/Adam8bit, "

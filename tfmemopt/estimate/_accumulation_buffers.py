@@ -12,9 +12,14 @@ from tfmemopt.estimate._settings import Settings
 from tfmemopt.estimate._settings import counted
 
 
-def accumulation_bytes(trainable, step, s: Settings, notes):
+def accumulation_bytes(trainable, step, s: Settings, notes, shard_sizes=None):
     """`(input bytes, accumulator bytes, window-end bytes)`; adds a note
     when accumulating.
+
+    `shard_sizes` (`shard_parameters`: the elements of each trainable
+    weight's shard): each replica sums the gradients of its shards, which
+    are dense (the gather's gradient), in float32 accumulators of the
+    shards' size.
 
     The window-end bytes are what the window's end holds beyond the
     accumulator bytes, with the activations freed: a sparse gradient's
@@ -26,6 +31,14 @@ def accumulation_bytes(trainable, step, s: Settings, notes):
     inputs += sum(
         counted(n * s.per_replica // s.micro, s) for n in step.input_sizes
     )
+    if shard_sizes is not None:
+        accumulation = sum(counted(n * 4, s) for n in shard_sizes)
+        notes.append(
+            f"accumulation: micro-batch {s.micro} x {s.accumulation_steps}, "
+            "float32 accumulators of this replica's shards "
+            "(shard_parameters), the micro-batches one after another"
+        )
+        return inputs, accumulation, 0
     # Dense gradients are summed into float32 accumulators, which live
     # beside each micro-batch's gradients (measured: ResNet50's window
     # with micro-batches of 4 peaks as high as its plain step at 16, both

@@ -137,7 +137,8 @@ def estimate_memory(
             keeps a shard of `ceil(n / R)` elements of each trainable
             weight, its shard of the summed gradient and the optimizer's
             state built on the shards, and gathers each weight whole when
-            its layer runs (`gathered`). No effect with one replica.
+            its layer runs (`gathered`); with accumulation, float32
+            accumulators of the shards. No effect with one replica.
         chunked_loss: `None` (the model's own: a `tfmemopt.Model`'s
             `chunked_loss`, else `False`) or Bool: the step computes the
             language-model loss from the head's input in chunks
@@ -234,7 +235,7 @@ def estimate_memory(
             "model with 4 micro-batches (docs/estimator.md)"
         )
     inputs, accumulation, window_end = accumulation_bytes(
-        trainable, step, s, notes
+        trainable, step, s, notes, state.shard_sizes
     )
     # The window's end, the activations freed: what it holds beyond
     # `accumulation` is a temporary.

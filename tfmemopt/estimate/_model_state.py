@@ -26,6 +26,7 @@ class ModelState(NamedTuple):
     whole_gradients: int
     optimizer_state: int
     optimizer_how: str
+    shard_sizes: list | None  # elements of each trainable shard, or None
 
 
 def model_state(model, s: Settings) -> ModelState:
@@ -34,14 +35,15 @@ def model_state(model, s: Settings) -> ModelState:
     trainable = model.trainable_weights
     params = sum(counted(weight_bytes(v, s), s) for v in model.weights)
     grads = sum(counted(weight_bytes(v, s), s) for v in trainable)
-    whole_grads = grads
+    whole_grads, sizes = grads, None
     if s.shard_parameters:
         sharded = sharded_state(model, s, lambda n: counted(n, s))
         params, grads = sharded.parameters, sharded.gradients
         opt_bytes, opt_how = sharded.optimizer_state, sharded.optimizer_how
+        sizes = sharded.shard_sizes
     else:
         opt_bytes, opt_how = optimizer_bytes(trainable, s)
-    return ModelState(params, grads, whole_grads, opt_bytes, opt_how)
+    return ModelState(params, grads, whole_grads, opt_bytes, opt_how, sizes)
 
 
 def weight_bytes(v, s: Settings) -> int:

@@ -95,13 +95,11 @@ def resolve_settings(
     if sequence_length is not None:
         check_int("sequence_length", sequence_length)
     s.floor = check_floor(min_counted_bytes)
-    s.shard_parameters = check_shard_parameters(
-        shard_parameters, model, s, accumulation_steps
-    )
+    s.shard_parameters = check_shard_parameters(shard_parameters, model, s)
     return s
 
 
-def check_shard_parameters(shard_parameters, model, s, accumulation_steps):
+def check_shard_parameters(shard_parameters, model, s):
     """Whether the weights are sharded over the replicas: `None` reads the
     model's own setting; refused where `tfmemopt.Model` refuses it."""
     if shard_parameters is None:
@@ -116,14 +114,6 @@ def check_shard_parameters(shard_parameters, model, s, accumulation_steps):
         )
     if not shard_parameters or s.replicas == 1:
         return False  # one replica: nothing is sharded (as in the model)
-    if accumulation_steps > 1:
-        raise ValueError(
-            "shard_parameters=True cannot be combined with accumulation "
-            f"(accumulation_steps={accumulation_steps}): tfmemopt.Model "
-            "refuses it (the all-gather cannot run inside the micro-batch "
-            "loop). Fix: pass accumulation_steps=1, or shard only the "
-            "optimizer state with tfmemopt.ShardedOptimizer."
-        )
     if isinstance(s.optimizer, ShardedOptimizer):
         raise ValueError(
             "shard_parameters=True builds the user's own optimizer on the "

@@ -123,7 +123,9 @@ def trace_model(
                 nbytes,
                 sharded=s.shard_parameters,
             ),
-            in_loop=accumulating,
+            # Under shard_parameters the micro-batches are traced one
+            # after another, not run in a while loop (docs/sharding.md).
+            in_loop=accumulating and not s.shard_parameters,
         )
 
     if swapped:

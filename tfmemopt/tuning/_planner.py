@@ -262,12 +262,10 @@ def plan(
     )
 
     def search() -> None:
-        # shard_parameters refuses accumulation (docs/sharding.md).
-        steps_here = [1] if option["params"] else steps_list
         for policy in policies:
             for ckpt in ckpts:
                 _fewest_steps_that_fit(
-                    lambda steps: peak(policy, ckpt, steps), steps_here, limit
+                    lambda steps: peak(policy, ckpt, steps), steps_list, limit
                 )
 
     search()

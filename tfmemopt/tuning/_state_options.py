@@ -201,7 +201,8 @@ def state_change_text(before, after, replicas) -> str:
             f"replica: {a['total']:.2f} bytes per parameter per replica, "
             "plus the whole weights gathered for the step "
             f"({format_bytes(after.get('gathered', 0))} alive at the peak; "
-            "costs one all-gather per weight read, and no accumulation; "
+            "costs one all-gather per weight read, per micro-batch with "
+            "accumulation; "
             "see docs/sharding.md)"
         )
     label = describe(None, after["optimizer"], after["sharding"])
@@ -272,7 +273,8 @@ def sharding_lines(s: dict) -> list[str]:
         f"{s['shard_parameters']:.2f} bytes per parameter "
         f"({s['unwrapped']:.2f}/{r}), plus the whole weights gathered for "
         "the step (all of them without checkpointing; with it, those "
-        "outside the segments and the largest segment's), no accumulation.",
+        "outside the segments and the largest segment's); with "
+        "accumulation, float32 accumulators of the shards.",
         "  tfmemopt.plan(model, batch, budget) proposes them when the model "
         "state leaves too little memory (allow 'sharding').",
     ]
