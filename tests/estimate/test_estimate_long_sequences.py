@@ -6,6 +6,7 @@ import keras
 import pytest
 
 import tfmemopt
+from tfmemopt._utils import format_bytes
 
 VOCAB, T = 512, 256
 
@@ -93,7 +94,44 @@ def test_plan_proposes_the_options_when_the_terms_do_not_fit():
     assert p.chunked_loss or p.attention
     assert p.estimated_peak <= budget * (1 - margin)
     assert "the same update within float32 rounding" in p.why
+    # What is never formed, in a unit that shows it (not "0.0 MiB").
+    plain = tfmemopt.estimate_memory(model, 2)
+    if p.chunked_loss:
+        said = format_bytes(plain.terms["logits"])
+        assert f"the {said} the head and the loss keep" in p.why, p.why
+    if p.attention:
+        said = format_bytes(plain.terms["attention_scores"])
+        assert f"the {said} the attention layers keep" in p.why, p.why
+    assert "the 0.0 MiB" not in p.why
     kwargs = p.model_kwargs
     assert kwargs.get("chunked_loss") == p.chunked_loss
     applied = p.apply(model)
     assert applied.long_sequences is not None
+
+
+def test_plan_says_small_terms_in_a_unit_that_shows_them():
+    # A small model's logits: "96 B", not "0.0 MiB" (which read as if the
+    # option saved nothing).
+    from tfmemopt.tuning._plan_chosen import _long_sequence_text
+
+    plain = {"checkpointing": None, "peak": 1, "terms": {"logits": 96}}
+    plain["terms"]["attention_scores"] = 3 * 1024
+    text = _long_sequence_text(
+        {"chunked_loss": True, "attention": "chunked"}, [plain]
+    )
+    assert "the 96 B the head and the loss keep" in text, text
+    assert "the 3.0 KiB the attention layers keep" in text, text
+
+
+def test_a_refused_chunked_loss_is_said_as_raised():
+    # A softmax head: the refusal, not tf.function's "in user code:" trace.
+    inputs = keras.Input((16,), dtype="int32")
+    h = keras.layers.Embedding(100, 8)(inputs)
+    head = keras.layers.Dense(100, activation="softmax", name="head")(h)
+    model = keras.Model(inputs, head)
+    model.compile("adam", "sparse_categorical_crossentropy")
+    with pytest.raises(ValueError) as raised:
+        tfmemopt.estimate_memory(model, 4, chunked_loss=True)
+    message = str(raised.value)
+    assert message.startswith("chunked_loss=True cannot compute"), message
+    assert "in user code" not in message and "'softmax'" in message

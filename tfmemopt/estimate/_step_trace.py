@@ -81,12 +81,24 @@ def _traced_step(
                 if head is None:
                     loss = loss + loss_fn(t, p)
                 else:  # the chunked loss, from the head's input
-                    loss = loss + tf.reduce_mean(head.token_losses(loss_fn, t))
+                    try:
+                        losses = head.token_losses(loss_fn, t)
+                    except ValueError as e:  # said whole, not as traced
+                        mark["refused"] = e
+                        raise
+                    loss = loss + tf.reduce_mean(losses)
         mark["forward"] = len(tf.compat.v1.get_default_graph().get_operations())
         mark["loss"] = loss.op.name
         return tape.gradient(loss, model.trainable_variables)
 
-    concrete = tf.function(step).get_concrete_function(in_specs, y_specs)
+    try:
+        concrete = tf.function(step).get_concrete_function(in_specs, y_specs)
+    except ValueError:
+        # tf.function prefixes the trace ("in user code: ..."); a refusal
+        # of the chunked loss is the user's to read as it was raised.
+        if "refused" in mark:
+            raise mark["refused"] from None
+        raise
     return concrete, mark["forward"], mark["loss"]
 
 

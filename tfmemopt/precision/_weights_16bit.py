@@ -22,8 +22,9 @@ _LOW = ("bfloat16", "float16")
 _FIX = (
     "Use a tfmemopt optimizer, which makes the step in float32 and writes "
     "it unbiased (tfmemopt.optimizers.AdamW8bit(..., bf16_update="
-    "'stochastic' or 'kahan'): 4.05 or 6.05 bytes per parameter of weights "
-    "and state), or keep float32 weights with the 'mixed_bfloat16' policy."
+    "'stochastic' or 'kahan'): about 4.03 or 6.03 bytes per parameter of "
+    "weights and state where most weights are large enough for 8-bit "
+    "moments), or keep float32 weights with the 'mixed_bfloat16' policy."
 )
 
 

@@ -4,6 +4,7 @@ optimizer-state change that made room."""
 
 from __future__ import annotations
 
+from tfmemopt._utils import format_bytes
 from tfmemopt._utils import format_mib as _mib
 from tfmemopt.tuning import _state_options as state_options
 from tfmemopt.tuning._plan import Plan
@@ -70,17 +71,19 @@ def _long_sequence_text(best, considered) -> str:
     # A checkpointed step keeps no scores inside its recomputed segments.
     plain = [c for c in plain if c["checkpointing"] is None] or plain
     terms = min(plain, key=lambda c: c["peak"]).get("terms", {})
+    logits = format_bytes(terms.get("logits", 0))
+    scores = format_bytes(terms.get("attention_scores", 0))
     said = []
     if best.get("chunked_loss"):
         said.append(
             "chunked_loss=True (the loss from the head's input in chunks: "
-            f"the {_mib(terms.get('logits', 0))} the head and the loss keep "
+            f"the {logits} the head and the loss keep "
             "for the logits are never formed)"
         )
     if best.get("attention"):
         said.append(
             "attention='chunked' (exact attention in query blocks: the "
-            f"{_mib(terms.get('attention_scores', 0))} the attention layers "
+            f"{scores} the attention layers "
             "keep are not)"
         )
     return (
