@@ -65,7 +65,9 @@ class MemoryEstimate:
             where the step's timing decides it (not in `total`): with
             accumulation, the weight gradients of recurrent layers'
             backward loops whose iterations run ahead of their sums
-            (docs/estimator.md); else 0. `tfmemopt.plan` keeps
+            (docs/estimator.md); else 0 (and 0 under `shard_parameters`,
+            whose micro-batches run one after another, not in a while
+            loop). `tfmemopt.plan` keeps
             `total + run_ahead` within the budget.
         settings: Dict, the settings the estimate was made for.
         layers: List of `(layer, bytes)`: activations kept, per layer.

@@ -75,11 +75,12 @@ class Alternative(NamedTuple):
 def alternatives(optimizer, allow, replicas, policy="float32") -> list:
     """The `Alternative`s to try, least change first: the optimizer state
     sharded as it is (same updates), the weights sharded too
-    (`shard_parameters`, same updates, one all-gather per weight read, no
-    accumulation), 8-bit twin, 8-bit sharded, 8-bit with the weights
-    sharded, Adafactor (the least state), then, when no float32-weight
-    state fits, bfloat16 weights with the 8-bit twin (stochastic
-    rounding; a float32 `policy` and 'mixed_precision' allowed)."""
+    (`shard_parameters`, same updates, one all-gather per weight read, per
+    micro-batch with accumulation), 8-bit twin, 8-bit sharded, 8-bit with
+    the weights sharded, Adafactor (the least state), then, when no
+    float32-weight state fits, bfloat16 weights with the 8-bit twin
+    (stochastic rounding; a float32 `policy` and 'mixed_precision'
+    allowed)."""
     base = unwrap(optimizer)
     name = type(base).__name__
     already = isinstance(optimizer, ShardedOptimizer)
