@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+import math
 import statistics
 
 MIB = 2**20
@@ -85,6 +87,50 @@ def _summary(errors):
 
 def _signed(r):
     return (r["estimate"] - r["measured"]) / r["measured"]
+
+
+def distribution(rows, margin):
+    """The held-out sets together, as a user planning a budget reads them:
+    how many cases are within 5 to 25% of their measured peak, the |error|
+    at the 50th to 99th percentile (nearest rank), and how many measured
+    peaks fit a budget that `plan` would fill with the estimate: the
+    estimate at most `1 - margin` of the budget and, since 9637f64, the
+    estimate plus its `run_ahead` bound at most the whole budget."""
+    kept = [r for r in rows if r.get("measured") and not r.get("error")]
+    if not kept:
+        return "no cases"
+    absolute = sorted(abs(_signed(r)) for r in kept)
+    n = len(absolute)
+
+    def rank(q):
+        return absolute[max(0, math.ceil(q * n) - 1)]
+
+    def fits(r):
+        est = r["estimate"]
+        ahead = r["breakdown"].get("run_ahead", 0)
+        budget = max(est / (1 - margin), est + ahead)
+        return r["measured"] <= budget
+
+    within = ", ".join(
+        f"{sum(e <= t for e in absolute)} within {t:.0%}"
+        for t in (0.05, 0.10, 0.12, 0.15, 0.20, 0.25)
+    )
+    quantiles = ", ".join(
+        f"{q:.0%} {rank(q):.1%}" for q in (0.5, 0.9, 0.95, 0.99)
+    )
+    return (
+        f"{n} cases; {within}; |error| by percentile: {quantiles}, worst "
+        f"{absolute[-1]:.1%}; the measured peak fits a budget `plan` fills "
+        f"at its margin of {margin:.2f} (and `run_ahead`) in "
+        f"{sum(fits(r) for r in kept)} of {n}"
+    )
+
+
+def _plan_margin():
+    """`tfmemopt.plan`'s default margin, read from its signature."""
+    import tfmemopt
+
+    return inspect.signature(tfmemopt.plan).parameters["margin"].default
 
 
 def summarize(rows):
@@ -472,7 +518,12 @@ def write_table(rows, models):
             f"{summarize([r for r in rows if r.get('set') == which])}.\n"
             for which, why in SETS
         )
-        + f"- All cases: {_summary(errors)}.\n\n"
+        + f"- All cases: {_summary(errors)}.\n"
+        + "- **Held-out sets together**: "
+        + distribution(
+            [r for r in rows if r.get("set") != "design"], _plan_margin()
+        )
+        + ".\n\n"
         + HISTORY
         + "".join(
             f"- {name}: {_summary(errs)}.\n" for name, errs in per_model.items()

@@ -28,6 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
 _PATH = list(sys.path)
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import estimator_accuracy as bench  # noqa: E402
+from _estimator_table import distribution  # noqa: E402
 from _estimator_table import summarize  # noqa: E402
 
 sys.path[:] = _PATH
@@ -127,3 +128,28 @@ def test_summary_leaves_out_a_case_that_did_not_apply():
     assert text.startswith("2 cases, median |error| 5.0%, worst 6.0%"), text
     assert "signed mean -1.0%" in text and "(1 over, 1 under)" in text, text
     assert "left out" in text and "m checkpointing=auto B=8 (raised)" in text
+
+
+def test_distribution_counts_what_a_plan_at_the_margin_holds():
+    def row(measured, estimate, run_ahead=0, error=""):
+        return {
+            "measured": measured,
+            "estimate": estimate,
+            "error": error,
+            "breakdown": {"run_ahead": run_ahead},
+        }
+
+    rows = [
+        row(100, 96),  # -4%
+        row(100, 80),  # -20%: 1.25x its estimate, fits at 0.25 (1.33x)
+        row(100, 70),  # -30%: 1.43x, does not fit at 0.25 ...
+        row(100, 70, run_ahead=30),  # ... unless run_ahead covers it
+        row(100, 110),  # +10%
+        row(100, 10, error="raised"),  # left out
+    ]
+    text = distribution(rows, 0.25)
+    assert text.startswith("5 cases; 1 within 5%, 2 within 10%"), text
+    assert "3 within 20%, 3 within 25%" in text, text
+    assert "50% 20.0%" in text and "worst 30.0%" in text, text
+    assert text.endswith("in 4 of 5"), text
+    assert distribution(rows, 0.15).endswith("in 3 of 5")
