@@ -93,7 +93,11 @@ _OTHER_PRIVATE = [
         keras.optimizers.Optimizer,
         "_overwrite_model_variables_with_average_value",
     ),
-    ("checkpointing, precision/_advice", keras.KerasTensor, "_keras_history"),
+    (
+        "checkpointing, precision/_advice, estimate/_long_sequences",
+        keras.KerasTensor,
+        "_keras_history",
+    ),
     ("accumulation/_loss_normalization", keras.Model, "_compile_loss"),
     ("checkpointing/_apply", keras.layers.Layer, "_inbound_nodes"),
     (

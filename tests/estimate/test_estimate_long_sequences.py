@@ -135,3 +135,39 @@ def test_a_refused_chunked_loss_is_said_as_raised():
     message = str(raised.value)
     assert message.startswith("chunked_loss=True cannot compute"), message
     assert "in user code" not in message and "'softmax'" in message
+
+
+def test_logits_are_what_the_head_and_the_loss_keep():
+    """`terms["logits"]` is the head's and the loss's, not a checkpointed
+    segment's kept tensors (their scopes are no layer's), nor a larger
+    Dense's inside a block (the head is the layer that makes the output)."""
+    keras.utils.set_random_seed(0)
+    layers = keras.layers
+    inputs = keras.Input((28, 28, 1))
+    h = layers.Conv2D(8, 3, activation="relu")(inputs)
+    h = layers.MaxPooling2D()(h)
+    h = layers.Conv2D(16, 3, activation="relu")(h)
+    h = layers.Flatten()(layers.MaxPooling2D()(h))
+    cnn = keras.Model(inputs, layers.Dense(10)(h))
+    cnn.compile(
+        "adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    )
+    logits = 64 * 10 * 4
+    for checkpointing in (None, "auto"):
+        est = tfmemopt.estimate_memory(cnn, 64, checkpointing=checkpointing)
+        assert logits <= est.terms["logits"] <= 2 * logits, (
+            checkpointing,
+            est.terms,
+        )
+    # A block's feed-forward Dense keeps [32, 100, 64] floats; the head,
+    # Dense(2) on a pooled vector, makes 32 x 2 of them.
+    tokens = keras.Input((100,), dtype="int32")
+    x = layers.Embedding(1000, 32)(tokens)
+    x = x + keras.Sequential(
+        [layers.Dense(64, activation="relu"), layers.Dense(32)]
+    )(x)
+    x = layers.Dense(20, activation="relu")(layers.GlobalAveragePooling1D()(x))
+    classifier = keras.Model(tokens, layers.Dense(2, activation="softmax")(x))
+    classifier.compile("adam", "sparse_categorical_crossentropy")
+    est = tfmemopt.estimate_memory(classifier, 32)
+    assert est.terms["logits"] <= 4 * 32 * 2 * 4, est.terms

@@ -21,6 +21,9 @@ _ALIAS = {
     "PreventGradient",
     "ReadVariableOp",
 }
+# The path of a kept tensor made outside the model's own scope and outside
+# every layer: the loss, the train step's own ops.
+LOSS = ("(loss and other)",)
 # Ops whose outputs are tiny or not device buffers.
 _FREE = {
     "Const",
@@ -36,7 +39,13 @@ _FREE = {
 
 
 def _kept_for_backward(
-    backward_ops, fwd_names, path_of, size_of, same=None, views=None
+    backward_ops,
+    fwd_names,
+    path_of,
+    size_of,
+    same=None,
+    views=None,
+    outside=None,
 ):
     """Forward tensors read by gradient ops: the activations kept; where a
     gradient op runs in the forward pass (`_early_ops`), its output in
@@ -45,7 +54,9 @@ def _kept_for_backward(
     `same`: tensor name -> the tensor that replaces it (`_dedup`): a
     tensor and its replacement are kept once. `views`: tensor name -> the
     tensor whose buffer it is beyond `_ALIAS` (a product by a constant
-    one, `_dedup.times_one`).
+    one, `_dedup.times_one`). `outside`: op name -> whether the op ran
+    outside the model's scope and every layer's (the loss): its tensors
+    get the path `LOSS`.
     Returns `(saved_by_layer, unknown)`: `[(layer path, bytes)]`, and the
     labels of loop tensors whose size the graph does not say.
     """
@@ -66,14 +77,18 @@ def _kept_for_backward(
             saved.setdefault((same or {}).get(t.name, t.name), t)
     saved_by_layer = []
     for t in saved.values():
-        path = path_of(early.get(t.op.name, t.op.name))
+        name = early.get(t.op.name, t.op.name)
+        path = path_of(name)
         n = size_of(t)
         if n is None:
             label = "/".join(path[1:]) or t.op.name
             if label not in unknown and t.dtype == tf.variant:
                 unknown.append(label)
             continue
-        saved_by_layer.append((path[1:] if path else (), n))
+        if outside is not None and outside(name):
+            saved_by_layer.append((LOSS, n))
+        else:
+            saved_by_layer.append((path[1:] if path else (), n))
     return saved_by_layer, unknown
 
 

@@ -25,6 +25,7 @@ import keras
 
 from tfmemopt._compat import sublayers
 from tfmemopt.accumulation import Model
+from tfmemopt.estimate._kept import LOSS
 from tfmemopt.longseq import disable_long_sequences
 from tfmemopt.longseq import enable_long_sequences
 from tfmemopt.longseq._head import _head_candidates
@@ -91,23 +92,54 @@ def terms(traced, step) -> dict:
         for layer in sublayers(traced)
         if isinstance(layer, keras.layers.MultiHeadAttention)
     }
-    try:
-        candidates = {layer.name for layer in _head_candidates(traced)}
-    except (AttributeError, TypeError, ValueError):
-        candidates = set()
-    # The head: the candidate (a Dense, a ReversibleEmbedding) that keeps
-    # tensors last in the forward order.
-    heads = set()
-    for path, _ in step.saved_by_layer:
-        found = [n for n in path if n in candidates]
-        if found:
-            heads = {found[-1]}
+    heads = _heads(traced, step)
     layers = {layer.name for layer in sublayers(traced, include_self=True)}
     out = {"logits": 0, "attention_scores": 0}
     for path, n in step.saved_by_layer:
         names = set(path)
         if names & attention:
             out["attention_scores"] += n
-        elif not path or path[0] not in layers or names & heads:
+        elif not path or path == LOSS or names & heads:
             out["logits"] += n  # the loss (ops outside layers), the head
+        elif not step.loss_apart and path[0] not in layers:
+            out["logits"] += n  # the model's scope unknown: the loss
     return out
+
+
+def _heads(traced, step) -> set:
+    """The names of the head: the candidates (a Dense, a
+    ReversibleEmbedding) that make the model's outputs, inside nested
+    models too; where none does (a subclassed model, an output made by a
+    Softmax layer), the candidate that keeps tensors last in the forward
+    order (the first the backward pass reads)."""
+    try:
+        candidates = {layer.name for layer in _head_candidates(traced)}
+    except (AttributeError, TypeError, ValueError):
+        candidates = set()
+    outputs = {layer.name for layer in _output_layers(traced)}
+    if outputs & candidates:
+        return outputs & candidates
+    for path, _ in step.saved_by_layer:
+        found = [n for n in path if n in candidates]
+        if found:
+            return {found[-1]}
+    return set()
+
+
+def _output_layers(model) -> list:
+    """The layers that make a functional model's outputs, and, where one
+    is a model, the layers that make its outputs."""
+    try:
+        outputs = keras.tree.flatten(model.outputs)
+    except (AttributeError, ValueError, TypeError):
+        return []
+    found = []
+    for tensor in outputs:
+        history = getattr(tensor, "_keras_history", None)
+        layer = getattr(history, "operation", None)
+        if layer is None or layer is model:
+            continue
+        found.append(layer)
+        if isinstance(layer, keras.Model):
+            found += _output_layers(layer)
+    return found

@@ -35,6 +35,7 @@ from tfmemopt.estimate._kernels import _einsum_copies
 from tfmemopt.estimate._kernels import folded_constants
 from tfmemopt.estimate._kernels import sums_rewritten
 from tfmemopt.estimate._simulate import _simulate
+from tfmemopt.estimate._step_trace import _all_layer_names
 from tfmemopt.estimate._step_trace import _model_scope
 from tfmemopt.estimate._step_trace import _nbytes
 from tfmemopt.estimate._step_trace import _ops_that_run_in
@@ -57,7 +58,10 @@ class StepGraph:
     inputs: int
     saved: int
     gradients: int
-    # (layer path, bytes kept for backward) in forward order.
+    # (layer path, bytes kept for backward), in the order the backward
+    # pass first reads them (the last layers first); the loss's and the
+    # train step's own tensors under `_kept.LOSS` where the model's scope
+    # is known (`loss_apart`).
     saved_by_layer: list
     # depth -> (units in forward order, saved bytes per unit, bytes of
     # each unit's output read by later units): the candidate segments.
@@ -91,6 +95,9 @@ class StepGraph:
     # (`in_loop`; a bound: `_while_loops.run_ahead_bytes`), not counted in
     # `peak`.
     run_ahead: int = 0
+    # Whether the model's scope was found, so that `saved_by_layer` puts
+    # the tensors made outside it and every layer under `_kept.LOSS`.
+    loss_apart: bool = False
     # Bytes of each constant Grappler folds a constant-valued op into
     # (`_kernels.folded_constants`): allocated once, before the first
     # step, and kept; not in `peak`.
@@ -190,7 +197,13 @@ def trace_step(
     )
     sim_size = _without(_unowned_free(size_of, sim_aliases), constants)
     saved_by_layer, unknown = _kept_for_backward(
-        ops[n_fwd:], fwd_names, path_of, size_of, same, views=ones
+        ops[n_fwd:],
+        fwd_names,
+        path_of,
+        size_of,
+        same,
+        views=ones,
+        outside=_outside(model, model_scope, path_of),
     )
     segments = {
         depth: _units_at(
@@ -276,6 +289,7 @@ def trace_step(
         saved=sum(n for _, n in saved_by_layer),
         gradients=sum(counted(_nbytes(t) or 0) for t in outputs),
         saved_by_layer=saved_by_layer,
+        loss_apart=model_scope is not None,
         segments=segments,
         unknown=unknown,
         sparse_rows=_sparse_rows(concrete),
@@ -289,6 +303,24 @@ def trace_step(
         run_ahead=run_ahead_bytes(run, shapes, counted) if in_loop else 0,
         folded=folded,
     )
+
+
+def _outside(model, model_scope, path_of):
+    """op name -> whether the op ran outside the model's scope and every
+    layer's (the loss, the train step's own ops); None where the model's
+    scope is not found."""
+    if model_scope is None:
+        return None
+    names = _all_layer_names(model)
+    prefix = model_scope + "/"
+
+    def outside(op_name):
+        if op_name.startswith(prefix):
+            return False
+        path = path_of(op_name)
+        return not path or path[0] not in names
+
+    return outside
 
 
 def _without(size_of, names):
