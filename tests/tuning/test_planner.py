@@ -187,6 +187,47 @@ def test_budget_below_the_smallest_plan_says_what_would_fit():
     assert "Raise memory_budget to at least" in str(e.value)
 
 
+def test_unaligned_micro_batches_are_tried_where_no_aligned_one_fits():
+    """`multiple_of` is a preference: where no micro-batch that is a
+    multiple of it fits, the other divisors are tried (it said "raise the
+    budget" where 16 micro-batches of 4 fitted)."""
+    keras.utils.set_random_seed(0)
+    layers = keras.layers
+    inputs = keras.Input((28, 28, 1))
+    h = layers.MaxPooling2D()(layers.Conv2D(32, 3, activation="relu")(inputs))
+    h = layers.MaxPooling2D()(layers.Conv2D(64, 3, activation="relu")(h))
+    model = keras.Model(inputs, layers.Dense(10)(layers.Flatten()(h)))
+    model.compile("adam", "mse")
+    est = {
+        steps: tfmemopt.estimate_memory(
+            model, 64, accumulation_steps=steps
+        ).total
+        for steps in (8, 16)  # micro-batches of 8 (aligned) and 4
+    }
+    assert est[16] < est[8]
+    between = int((est[8] + est[16]) / 2 / (1 - MARGIN))
+    p = tfmemopt.plan(model, 64, between, allow="accumulation")
+    assert (p.micro_batch_size, p.accumulation_steps) == (4, 16)
+    # Where an aligned one fits, it is chosen over fewer unaligned steps:
+    # at batch 48, 4 micro-batches of 12 fit, and 6 of 8 are chosen.
+    at_48 = {
+        micro: tfmemopt.estimate_memory(
+            model, 48, accumulation_steps=48 // micro
+        ).total
+        for micro in (16, 12)
+    }
+    assert at_48[12] < at_48[16]
+    room = int(at_48[12] * 1.01 / (1 - MARGIN))
+    p = tfmemopt.plan(model, 48, room, allow="accumulation")
+    assert (p.micro_batch_size, p.accumulation_steps) == (8, 6), p
+    assert (
+        tfmemopt.plan(
+            model, 48, room, allow="accumulation", multiple_of=4
+        ).micro_batch_size
+        == 12
+    )
+
+
 def test_allow_takes_one_name_as_a_str():
     # A str is one technique (or "a,b"), not its letters.
     p = tfmemopt.plan(mlp(), 64, "1GiB", allow="accumulation")

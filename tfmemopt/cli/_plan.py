@@ -203,7 +203,8 @@ def _plan_arguments(parser):
         "--multiple-of",
         type=int,
         default=8,
-        help="preferred micro-batch alignment (default: 8)",
+        help="preferred micro-batch alignment (default: 8): other "
+        "micro-batches are tried only where no aligned one fits",
     )
     parser.add_argument(
         "--margin",

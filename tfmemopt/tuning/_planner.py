@@ -90,14 +90,19 @@ def _policies(model, allow) -> tuple[list[str], bool]:
     return [base, "mixed_bfloat16"], False
 
 
-def _steps_options(per_replica, multiple_of, allow) -> list[int]:
+def _steps_options(per_replica, multiple_of, allow) -> list[list[int]]:
+    """The micro-batch counts to try, in rounds: those whose micro-batch is
+    a multiple of `multiple_of` (and 1) first; every divisor only where
+    none of them fits (the alignment is preferred, not required)."""
     if "accumulation" not in allow:
-        return [1]
+        return [[1]]
     divisors = [d for d in range(1, per_replica + 1) if per_replica % d == 0]
     aligned = [
         d for d in divisors if (per_replica // d) % multiple_of == 0 or d == 1
     ]
-    return aligned if len(aligned) > 1 else divisors
+    if len(aligned) > 1 and aligned != divisors:
+        return [aligned, divisors]
+    return [divisors]
 
 
 # The fraction of a budget `plan` keeps free for the estimator's error. The
@@ -161,6 +166,8 @@ def plan(
             Call `plan` outside `strategy.scope()` (the estimator traces the
             model there) and `Plan.apply` inside it.
         multiple_of: Int, defaults to `8`: preferred micro-batch alignment.
+            Micro-batches that are multiples of it are tried first; other
+            divisors of the per-replica batch only where none of them fits.
         verify: Bool, defaults to `False`: measure the applied plan on this
             device (needs `data` and a compiled model; changes nothing).
         data: As for `find_batch_size`, when `verify=True`.
@@ -257,44 +264,52 @@ def plan(
         return _fit_by(considered[-1], margin)
 
     ckpts = [None, "auto"] if "checkpointing" in allow else [None]
-    steps_list = _steps_options(
-        global_batch_size // replicas, multiple_of, allow
-    )
+    original, start = list(policies), dict(option)
 
-    def search() -> None:
+    def search(steps_list) -> None:
         for policy in policies:
             for ckpt in ckpts:
                 _fewest_steps_that_fit(
                     lambda steps: peak(policy, ckpt, steps), steps_list, limit
                 )
 
-    search()
-    if "long_sequences" in allow:
-        # The logits or the attention scores do not fit: compute them in
-        # chunks (the same update), the term that is there first.
-        for chunked, attention in _long_sequence_options(considered):
+    def explore(steps_list) -> None:
+        option.update(start)
+        policies[:] = original
+        search(steps_list)
+        if "long_sequences" in allow:
+            # The logits or the attention scores do not fit: compute them
+            # in chunks (the same update), the term that is there first.
+            for chunked, attention in _long_sequence_options(considered):
+                if choose(considered, limit) is not None:
+                    break
+                option.update(chunked_loss=chunked, attention=attention)
+                try:
+                    search(steps_list)
+                except ValueError:  # no linear head, no attention layer,
+                    option.update(chunked_loss=False, attention=None)
+        # The model state leaves too little room: shrink the state itself,
+        # least change first (sharded, 8-bit, both, factored).
+        for alt in state_options.alternatives(
+            base, allow, replicas, original[0]
+        ):
             if choose(considered, limit) is not None:
                 break
-            option.update(chunked_loss=chunked, attention=attention)
-            try:
-                search()
-            except ValueError:  # no linear head, no MultiHeadAttention, or
-                option.update(chunked_loss=False, attention=None)  # loss
-    # The model state leaves too little room: shrink the state itself,
-    # least change first (sharded, 8-bit, both, factored).
-    original = list(policies)
-    for alt in state_options.alternatives(base, allow, replicas, policies[0]):
+            new = state_options.make_optimizer(base, alt.name, alt.stage)
+            option.update(
+                optimizer=alt.name,
+                sharding=alt.stage,
+                opt=new,
+                params=alt.shard_parameters,
+            )
+            policies[:] = [alt.policy] if alt.policy else original
+            search(steps_list)
+
+    rounds = _steps_options(global_batch_size // replicas, multiple_of, allow)
+    for steps_list in rounds:
         if choose(considered, limit) is not None:
             break
-        new = state_options.make_optimizer(base, alt.name, alt.stage)
-        option.update(
-            optimizer=alt.name,
-            sharding=alt.stage,
-            opt=new,
-            params=alt.shard_parameters,
-        )
-        policies[:] = [alt.policy] if alt.policy else original
-        search()
+        explore(steps_list)
 
     def make(best) -> Plan:
         return _make_plan(best, global_batch_size, replicas, budget, considered)
