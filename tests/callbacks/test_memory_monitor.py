@@ -278,7 +278,7 @@ def test_tensorboard_event_file_holds_the_values(trained):
 
 def test_peaks_and_summary_name_the_worst_step(trained):
     monitor, _, _ = trained
-    rows = _batch_rows(monitor)
+    rows = monitor.records  # batches and epochs (an epoch's validation)
     best = monitor.peaks()
     worst = max(rows, key=lambda r: r[KEY_RSS])
     assert best["host"]["peak_mib"] == worst[KEY_RSS]
@@ -371,6 +371,8 @@ def test_plot_before_fit_raises():
         (1, 3, [3, 6]),
         (2, 1, [2, 4, 6, 8]),
         (2, 3, [4, 6]),  # Keras reports steps 2, 4, 6, 8
+        # Keras reports the last execution at batch 8 of batches 0-7.
+        (3, 1, [3, 6, 8]),
     ],
 )
 def test_every_n_batches_and_steps_per_execution(
@@ -388,6 +390,33 @@ def test_every_n_batches_and_steps_per_execution(
     assert [r["step"] for r in _batch_rows(monitor)] == expected_steps
     assert [r["step"] for r in _epoch_rows(monitor)] == [8]
     assert len(history.history[KEY_RSS]) == 1
+
+
+@needs_stats
+def test_a_peak_in_validation_is_the_runs_peak():
+    """The summary's peak is the run's, as `History` has it: validation at a
+    batch 16x the training batch peaks above every training batch."""
+    model = _mlp()
+    monitor = MemoryMonitor(verbose=0)
+    x, y = _data(2048)
+    history = model.fit(
+        x[:256],
+        y[:256],
+        batch_size=64,
+        epochs=2,
+        validation_data=(x, y),
+        validation_batch_size=1024,
+        callbacks=[monitor],
+        verbose=0,
+    ).history
+    batches = max(r[KEY_PEAK] for r in _batch_rows(monitor))
+    assert max(history[KEY_PEAK]) > batches
+    best = monitor.peaks()["CPU:0"]
+    assert best["peak_mib"] == max(history[KEY_PEAK])
+    assert best["step"] in [r["step"] for r in _epoch_rows(monitor)]
+    # The host's peak is never below its last reading.
+    host = monitor.peaks()["host"]["peak_mib"]
+    assert host >= monitor.records[-1][KEY_RSS]
 
 
 @needs_stats

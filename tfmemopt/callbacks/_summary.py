@@ -14,12 +14,12 @@ def peaks(records, prefix="memory"):
     """`{device: {"peak_mib", "step", "epoch"}}`: each device's highest value.
 
     Devices are read from `peak_mib` keys, the host from `rss_mib`. Batch
-    records are used, or the epoch records when no batch was read; the
-    first of equal values wins.
+    and epoch records are both read: an epoch's reading covers its
+    validation and what ran after its last logged batch, which may be the
+    highest. The first of equal values wins (a batch before its epoch).
     """
-    rows = [r for r in records if r["kind"] == "batch"] or list(records)
     result = {}
-    for row in rows:
+    for row in records:
         for key, value in row.items():
             parts = _split(key, prefix)
             if parts is None or parts[1] not in ("peak_mib", "rss_mib"):

@@ -216,6 +216,12 @@ class MemoryMonitor(keras.callbacks.Callback):
             self._reset()
 
     def on_train_batch_end(self, batch, logs=None):
+        # With steps_per_execution, Keras reports the last execution of an
+        # epoch at `begin + steps_per_execution - 1`, past the epoch's end
+        # when the epoch is not a multiple of it.
+        steps = (self.params or {}).get("steps")
+        if steps:
+            batch = min(batch, steps - 1)
         self._steps_in_epoch = batch + 1
         step = self._step_base + batch + 1
         n = self.every_n_batches
@@ -256,8 +262,9 @@ class MemoryMonitor(keras.callbacks.Callback):
 
         Returns:
             `{device: {"peak_mib": float, "step": int, "epoch": int}}` for
-            every device in `records` (`"host"` with its RSS), taken from the
-            batch records (from the epoch records when no batch was read).
+            every device in `records` (`"host"` with its RSS), from the
+            batch and the epoch records (an epoch's reading includes its
+            validation).
         """
         return peaks(self.records, self.prefix)
 
