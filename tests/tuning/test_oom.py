@@ -76,6 +76,40 @@ def test_forced_oom_in_tfmemopt_model_fit_raises_the_report():
     assert np.isfinite(history.history["loss"][0])
 
 
+@pytest.mark.parametrize(
+    "kwargs, steps",
+    [(dict(accumulation_steps=2), 2), (dict(micro_batch_size=24), 3)],
+)
+def test_the_estimate_is_of_the_models_own_accumulation(kwargs, steps):
+    # Micro-batches of 32 (22) still fail at 16 rows: the estimate is of
+    # the step that ran, not of one without accumulation.
+    model = tfmemopt.Model(*layers(threshold=16), **kwargs)
+    model.compile("adam", "mse")
+    x, y = data()
+    with pytest.raises(OutOfMemoryError) as e:
+        model.fit(x, y, batch_size=64, verbose=0)
+    assert e.value.report.estimate.settings["accumulation_steps"] == steps
+    assert f"accumulation_steps={steps}" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(batch_size=-1), ValueError, "batch_size"),
+        (dict(batch_size=8.0), TypeError, "batch_size"),
+        (dict(memory_budget="lots"), ValueError, "memory_budget"),
+        (dict(replicas=0), ValueError, "replicas"),
+        (dict(device=0), TypeError, "device"),
+    ],
+)
+def test_bad_arguments_are_refused_when_the_block_starts(kwargs, error, match):
+    ran = []
+    with pytest.raises(error, match=match):
+        with tfmemopt.oom_report(**kwargs):
+            ran.append(True)
+    assert not ran
+
+
 def test_oom_report_around_keras_fit_plans_what_fits():
     model = keras.Model(*layers(threshold=16, width=1024))
     model.compile("adam", "mse")

@@ -20,13 +20,16 @@ from typing import Iterator
 import tensorflow as tf
 
 from tfmemopt import memory
+from tfmemopt._utils import check_int
 from tfmemopt._utils import format_mib as _mib
+from tfmemopt.accumulation import Model
 from tfmemopt.accumulation._fit_hooks import add_fit_hook
 from tfmemopt.estimate import estimate_memory
 from tfmemopt.precision._weights_16bit import low_precision_update_findings
 from tfmemopt.tuning._errors import first_line
 from tfmemopt.tuning._errors import is_oom
 from tfmemopt.tuning._planner import plan
+from tfmemopt.tuning._search import parse_bytes
 from tfmemopt.tuning._state_options import replicas_of
 from tfmemopt.tuning._trials import default_device
 
@@ -151,6 +154,7 @@ def build_report(
             batch_size,
             optimizer=getattr(model, "optimizer", None),
             replicas=replicas,
+            accumulation_steps=_own_accumulation(model, batch_size, replicas),
         )
     except Exception as e:  # noqa: BLE001
         report.plan_error = f"no estimate ({type(e).__name__}: {e})"
@@ -170,6 +174,20 @@ def build_report(
     except Exception as e:  # noqa: BLE001
         report.plan_error = f"{type(e).__name__}: {e}"
     return report
+
+
+def _own_accumulation(model, batch_size: int, replicas: int) -> int:
+    """The micro-batches per replica a `tfmemopt.Model` splits the batch
+    into (its `accumulation_steps`, or from its `micro_batch_size`); 1 for
+    any other model."""
+    if not isinstance(model, Model):
+        return 1
+    if model.accumulation_steps:
+        return int(model.accumulation_steps)
+    if model.micro_batch_size:
+        per_replica = max(1, batch_size // max(1, replicas))
+        return max(1, -(-per_replica // model.micro_batch_size))
+    return 1
 
 
 def fit_batch_size(args: tuple, kwargs: dict) -> int | None:
@@ -229,6 +247,19 @@ def oom_report(
     >>> with tfmemopt.oom_report(model, batch_size=256):  # doctest: +SKIP
     ...     model.fit(x, y, batch_size=256)
     """
+    # Checked now, not when the error comes (the report would then say
+    # "batch size: -1" and plan nothing).
+    if batch_size is not None:
+        check_int("batch_size", batch_size)
+    if replicas is not None:
+        check_int("replicas", replicas)
+    if memory_budget is not None:
+        parse_bytes(memory_budget)
+    if device is not None and not isinstance(device, str):
+        raise TypeError(
+            f"device must be a str such as 'GPU:0' or None. Received: "
+            f"device={device!r} (of type {type(device).__name__})."
+        )
     try:
         yield
     except OutOfMemoryError:
