@@ -85,6 +85,9 @@ def _held_mib():
         ({"every_n_batches": True}, TypeError, "of type bool"),
         ({"reset_peak": "step"}, ValueError, "'step'.*'batch', 'epoch'"),
         ({"prefix": ""}, ValueError, "non-empty string"),
+        ({"prefix": 3}, TypeError, "of type int"),
+        ({"host": "yes"}, TypeError, "True or False.*'yes'"),
+        ({"devices": ["CPU:0", "CPU:0"]}, ValueError, "CPU:0 more than once"),
         ({"verbose": 2}, ValueError, "'auto', 0 or 1"),
     ],
 )

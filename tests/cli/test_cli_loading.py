@@ -92,6 +92,8 @@ def test_own_layers_load_with_import_and_errors_say_so(
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert "--import MODULE" in err and "Traceback" not in err
+    # The class is named (Keras's text names it after 300 characters).
+    assert "it uses the class 'Doubler', which is not registered" in err, err
     assert cli.main(argv + ["--import", "tfm_user_layers", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["parameters"] == 18 * 4
     assert cli.main(argv + ["--import", "no_such_module_here"]) == 2

@@ -130,6 +130,8 @@ def test_bad_input_messages():
         plan_strategy(Environment(), tpu=8470)
     with pytest.raises(TypeError, match="expects a `tf.distribute.Strategy`"):
         tfmemopt.distribute.describe("mirrored")
+    with pytest.raises(TypeError, match="Received: environment='x'"):
+        tfmemopt.distribute.auto_strategy(environment="x")
 
 
 def test_describe_mirrored_names_replicas_devices_and_ops():

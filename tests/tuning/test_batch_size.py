@@ -333,6 +333,10 @@ def test_bad_arguments():
     plain = keras.Sequential([keras.Input((32,)), keras.layers.Dense(1)])
     with pytest.raises(ValueError, match="call `model.compile"):
         tfmemopt.find_batch_size(plain, data())
+    # A dataset of single samples (TensorFlow's unbatch error before).
+    unbatched = tf.data.Dataset.from_tensor_slices(data())
+    with pytest.raises(ValueError, match=r"batched tf.data.Dataset.*\.batch"):
+        tfmemopt.find_batch_size(model, unbatched)
 
 
 def test_cli_find_batch_size(tmp_path, capsys):
@@ -349,6 +353,16 @@ def test_cli_find_batch_size(tmp_path, capsys):
     assert out["batch_size"] == 64 and len(out["trials"]) == 2
     assert out["suggest"] == {"micro_batch_size": 32, "accumulation_steps": 3}
     assert cli.main(["find-batch-size", str(tmp_path / "no.keras")]) == 2
+    # A missing --data file and --target 0: one line, exit 2 (a traceback
+    # and a silently ignored target before).
+    capsys.readouterr()
+    missing = str(tmp_path / "missing.npz")
+    assert cli.main(argv + ["--data", missing]) == 2
+    err = capsys.readouterr().err
+    assert "cannot be read" in err and "Traceback" not in err, err
+    argv[argv.index("--target") + 1] = "0"
+    assert cli.main(argv + ["--margin", "0"]) == 2
+    assert "target_batch_size" in capsys.readouterr().err
 
 
 def test_dataset_input_is_repeated_to_fill_the_batch():

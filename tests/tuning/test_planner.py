@@ -8,6 +8,7 @@ import pytest
 
 import tfmemopt
 from tfmemopt import memory
+from tfmemopt._utils import format_bytes
 from tfmemopt.tuning import _planner as planner
 from tfmemopt.tuning._planner import MARGIN
 from tfmemopt.tuning._trials import TrialRunner
@@ -175,6 +176,13 @@ def test_budget_smaller_than_the_state_cannot_fit():
     assert "memory_budget=1.0 KiB (1,024 bytes)" in message
     assert "0.0 MiB" not in message
     assert "Raise memory_budget to at least" in message
+    # The state as compiled first, then the smallest one tried, named (it
+    # gave the smallest alone, then "the optimizer keeps" the compiled
+    # one's slots).
+    est = tfmemopt.estimate_memory(mlp(), 64)
+    own = est.parameters + est.gradients + est.optimizer_state
+    assert f"alone take {format_bytes(own)} ({own:,} bytes)" in message
+    assert "(the smallest state tried)" in message, message
 
 
 def test_budget_below_the_smallest_plan_says_what_would_fit():

@@ -100,6 +100,15 @@ class MemoryMonitor(keras.callbacks.Callback):
             self._requested = [check_device_name(devices)]
         elif isinstance(devices, (list, tuple)) and devices:
             self._requested = [check_device_name(d) for d in devices]
+            twice = sorted(
+                {d for d in self._requested if self._requested.count(d) > 1}
+            )
+            if twice:
+                raise ValueError(
+                    f"`devices` names {', '.join(twice)} more than once "
+                    "(each device's keys would be logged twice). Received: "
+                    f"devices={devices!r}. Name each device once."
+                )
         else:
             raise TypeError(
                 "`devices` must be 'auto', a device name or a non-empty "
@@ -113,7 +122,18 @@ class MemoryMonitor(keras.callbacks.Callback):
                 f"Unknown `reset_peak`: {reset_peak!r}. Expected one of "
                 "'batch', 'epoch', 'train' or None."
             )
-        if not isinstance(prefix, str) or not prefix.strip("/"):
+        if not isinstance(host, bool):
+            raise TypeError(
+                f"`host` must be True or False. Received: host={host!r} (of "
+                f"type {type(host).__name__})."
+            )
+        if not isinstance(prefix, str):
+            raise TypeError(
+                "`prefix` must be a non-empty string such as 'memory'. "
+                f"Received: prefix={prefix!r} (of type "
+                f"{type(prefix).__name__})."
+            )
+        if not prefix.strip("/"):
             raise ValueError(
                 "`prefix` must be a non-empty string such as 'memory'. "
                 f"Received: prefix={prefix!r}."

@@ -7,6 +7,7 @@ Every command module registers here, and `_main` builds the parser from it;
 from __future__ import annotations
 
 import os
+import re
 import sys
 import warnings
 from typing import Callable
@@ -230,16 +231,24 @@ def load_saved_model(
         )
     except Exception as e:  # noqa: BLE001 - said in one line, not a trace
         text = " ".join(str(e).split())
+        missing = re.search(
+            r"Could not locate (class|function) '([^']+)'", text
+        )
         hint = (
             " It uses a class or function that is not registered here: "
             "pass --import MODULE, the module that defines it (and "
             "decorate it with @keras.saving.register_keras_serializable())."
-            if "Could not locate" in text or "custom" in text.lower()
-            else ""
         )
+        if missing:  # Keras's own text names it after a long config
+            said = (
+                f"it uses the {missing.group(1)} {missing.group(2)!r}, "
+                f"which is not registered here:{hint[hint.index(':') + 1 :]}"
+            )
+        else:
+            more = "Could not locate" in text or "custom" in text.lower()
+            said = f"{type(e).__name__}: {text[:300]}" + (hint if more else "")
         print(
-            f"tfmemopt {command}: cannot load {path!r}: "
-            f"{type(e).__name__}: {text[:300]}{hint}",
+            f"tfmemopt {command}: cannot load {path!r}: {said}",
             file=sys.stderr,
         )
         return None

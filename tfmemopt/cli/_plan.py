@@ -74,8 +74,16 @@ def _data(path, model, sizes):
         return _synthetic_data(model, **sizes)
     import numpy as np
 
-    with np.load(path) as f:
-        return (f["x"], f["y"])
+    try:
+        with np.load(path) as f:
+            return (f["x"], f["y"])
+    except (OSError, KeyError, ValueError) as e:
+        raise ValueError(
+            f"--data {path!r} cannot be read ({type(e).__name__}: {e}). "
+            "Expected an .npz file with arrays 'x' and 'y' "
+            "(numpy.savez(path, x=x, y=y)), or leave --data out for "
+            "synthetic data."
+        ) from None
 
 
 def _find_arguments(parser):
@@ -156,7 +164,7 @@ def _find(args) -> int:
             steps_per_trial=args.steps,
             verbose=0 if args.json else 1,
         )
-        split = found.suggest(args.target) if args.target else None
+        split = found.suggest(args.target) if args.target is not None else None
     except (ValueError, TypeError, RuntimeError) as e:
         return bad_input("find-batch-size", e)
     if args.json:

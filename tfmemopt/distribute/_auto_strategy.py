@@ -173,7 +173,8 @@ def auto_strategy(
         ValueError: `keras.distribution` is set (it does nothing on the
             TensorFlow backend), or `TF_CONFIG` is malformed or describes a
             parameter-server cluster.
-        TypeError: `tpu` is not a string.
+        TypeError: `tpu` is not a string, or `environment` is not an
+            `Environment`.
         RuntimeError: a TPU was asked for (or `TPU_NAME` is set) and none
             was found.
 
@@ -188,6 +189,13 @@ def auto_strategy(
     ```
     """
     check_keras_distribution()
+    if environment is not None and not isinstance(environment, Environment):
+        raise TypeError(
+            "environment must be a tfmemopt.distribute.Environment or None "
+            f"(detect). Received: environment={environment!r} (of type "
+            f"{type(environment).__name__}). Leave it out to detect the "
+            "devices, TF_CONFIG and TPU."
+        )
     env = environment if environment is not None else detect_environment()
     plan = plan_strategy(env, tpu=tpu)
     if plan.kind == "active":

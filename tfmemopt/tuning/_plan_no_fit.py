@@ -44,6 +44,17 @@ def _kept(considered) -> list:
     return kept or considered
 
 
+def _state_label(c) -> str:
+    """`"AdamW8bit with policy 'bfloat16'"`: how a candidate's state was
+    made."""
+    label = state_options.describe(
+        None, c["optimizer"] or c["optimizer_name"], c["sharding"]
+    )
+    if c.get("shard_parameters"):
+        label += " with shard_parameters=True"
+    return f"{label}, policy {c['policy']!r}"
+
+
 def _tried_text(considered) -> str:
     """`" Tried too: AdamW8bit (smallest 2.9 MiB), ..."` or `""`."""
     tried = {}
@@ -63,16 +74,25 @@ def _tried_text(considered) -> str:
 
 
 def raise_no_fit(considered, budget, global_batch_size, scale, margin):
-    state = min(c["state"] for c in considered)
+    smallest = min(considered, key=lambda c: c["state"])
+    state = smallest["state"]
     least = min(considered, key=lambda c: c.get("fit", c["peak"]))
     # The budget at which the smallest candidate would be chosen (its
     # `"fit"`: its peak, or more where recurrent loops may run ahead).
     needed = least.get("fit", least["peak"]) * scale / (1 - margin)
     if state >= budget:
+        own = min(_kept(considered), key=lambda c: c["state"])
         raise ValueError(
             "The model cannot fit at any batch size: its weights, gradients "
-            f"and optimizer state alone take {_bytes(state)} (estimated), "
-            f"more than memory_budget={_bytes(budget)}. Accumulation, "
+            f"and optimizer state alone take {_bytes(own['state'])} "
+            "(estimated)"
+            + (
+                f", {_bytes(state)} with {_state_label(smallest)} (the "
+                "smallest state tried)"
+                if smallest is not own
+                else ""
+            )
+            + f", more than memory_budget={_bytes(budget)}. Accumulation, "
             "checkpointing and mixed precision only shrink activations. "
             f"Raise memory_budget to at least {format_bytes(needed)} (the "
             f"smallest plan, {_bytes(least['peak'])} estimated, plus "

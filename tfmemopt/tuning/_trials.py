@@ -75,7 +75,15 @@ def sample_pool(data):
     yielding any of these.
     """
     if isinstance(data, tf.data.Dataset):
-        pool = list(data.unbatch().take(_POOL).batch(_POOL).take(1))
+        try:
+            pool = list(data.unbatch().take(_POOL).batch(_POOL).take(1))
+        except (tf.errors.InvalidArgumentError, ValueError) as e:
+            raise ValueError(
+                "`data` must be a batched tf.data.Dataset: its elements "
+                "have no common leading (batch) dimension "
+                f"(element_spec={data.element_spec}; {first_line(e)}). "
+                "Pass dataset.batch(n)."
+            ) from None
         if not pool:
             raise ValueError(
                 "`data` is empty: the tf.data.Dataset yielded no samples. "
