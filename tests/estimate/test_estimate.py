@@ -239,6 +239,11 @@ def test_accumulation_keeps_one_micro_batch_plus_float32_buffers():
     assert acc.activations == pytest.approx(full.activations / 4, rel=0.02)
     # The whole batch is an input, plus the micro-batch being processed.
     assert acc.inputs == full.inputs + micro.inputs
+    assert "accumulation: micro-batch 128 x 4," in " ".join(acc.notes)
+    # More steps than samples: micro-batches of 1, as many as the samples
+    # (the note said "1 x 1024").
+    more = estimate_memory(model, 512, accumulation_steps=1024)
+    assert "accumulation: micro-batch 1 x 512," in " ".join(more.notes)
 
 
 def test_accumulation_keeps_sparse_rows_not_a_dense_table():

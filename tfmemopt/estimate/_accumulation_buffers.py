@@ -34,7 +34,7 @@ def accumulation_bytes(trainable, step, s: Settings, notes, shard_sizes=None):
     if shard_sizes is not None:
         accumulation = sum(counted(n * 4, s) for n in shard_sizes)
         notes.append(
-            f"accumulation: micro-batch {s.micro} x {s.accumulation_steps}, "
+            f"accumulation: micro-batch {s.micro} x {_count(s)}, "
             "float32 accumulators of this replica's shards "
             "(shard_parameters), the micro-batches one after another"
         )
@@ -66,7 +66,7 @@ def accumulation_bytes(trainable, step, s: Settings, notes, shard_sizes=None):
         for n in step.sparse_rows.values()
     )
     notes.append(
-        f"accumulation: micro-batch {s.micro} x {s.accumulation_steps}, "
+        f"accumulation: micro-batch {s.micro} x {_count(s)}, "
         "float32 accumulators"
         + (
             f"; sparse gradients keep the batch's rows ({format_bytes(rows)})"
@@ -75,3 +75,10 @@ def accumulation_bytes(trainable, step, s: Settings, notes, shard_sizes=None):
         )
     )
     return inputs, accumulation, window_end
+
+
+def _count(s) -> int:
+    """How many micro-batches run: `accumulation_steps`, or fewer where
+    the batch has fewer samples (micro-batches of `ceil(B / N)`, at least
+    one sample each)."""
+    return math.ceil(s.per_replica / s.micro)
