@@ -99,7 +99,11 @@ _OTHER_PRIVATE = [
         "_keras_history",
     ),
     ("accumulation/_loss_normalization", keras.Model, "_compile_loss"),
-    ("checkpointing/_apply", keras.layers.Layer, "_inbound_nodes"),
+    (
+        "checkpointing/_apply, estimate/_long_sequences",
+        keras.layers.Layer,
+        "_inbound_nodes",
+    ),
     (
         "longseq/_takeover",
         keras.layers.MultiHeadAttention,

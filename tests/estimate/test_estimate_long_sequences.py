@@ -171,3 +171,29 @@ def test_logits_are_what_the_head_and_the_loss_keep():
     classifier.compile("adam", "sparse_categorical_crossentropy")
     est = tfmemopt.estimate_memory(classifier, 32)
     assert est.terms["logits"] <= 4 * 32 * 2 * 4, est.terms
+    # The head behind an op on the output (followed back), and in a
+    # subclassed model with an op in its own scope outside every layer.
+    inputs = keras.Input((64,))
+    h = layers.Dense(256, activation="relu")(inputs)
+    tanh = keras.Model(inputs, keras.ops.tanh(layers.Dense(10)(h)))
+    tanh.compile("adam", "mse")
+    assert tfmemopt.estimate_memory(tanh, 64).terms["logits"] <= 2 * logits
+
+    class Net(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.d1, self.d2 = layers.Dense(1024), layers.Dense(1024)
+            self.head = layers.Dense(10)
+
+        def call(self, x):
+            h = self.d1(x)
+            return self.head(self.d2(h * keras.ops.sigmoid(h)))
+
+    net = Net()
+    net(keras.ops.zeros((1, 64)))
+    net.compile(
+        "adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    )
+    est = tfmemopt.estimate_memory(net, 64)
+    assert est.terms["logits"] <= 2 * logits, est.terms
+    assert est.activations > 100 * logits

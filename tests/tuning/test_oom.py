@@ -78,11 +78,11 @@ def test_forced_oom_in_tfmemopt_model_fit_raises_the_report():
 
 @pytest.mark.parametrize(
     "kwargs, steps",
-    [(dict(accumulation_steps=2), 2), (dict(micro_batch_size=24), 3)],
+    [(dict(accumulation_steps=2), 2), (dict(micro_batch_size=32), 2)],
 )
 def test_the_estimate_is_of_the_models_own_accumulation(kwargs, steps):
-    # Micro-batches of 32 (22) still fail at 16 rows: the estimate is of
-    # the step that ran, not of one without accumulation.
+    # Micro-batches of 32 still fail at 16 rows: the estimate is of the
+    # step that ran, not of one without accumulation.
     model = tfmemopt.Model(*layers(threshold=16), **kwargs)
     model.compile("adam", "mse")
     x, y = data()
@@ -90,6 +90,26 @@ def test_the_estimate_is_of_the_models_own_accumulation(kwargs, steps):
         model.fit(x, y, batch_size=64, verbose=0)
     assert e.value.report.estimate.settings["accumulation_steps"] == steps
     assert f"accumulation_steps={steps}" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "batch, replicas, micro, steps",
+    [
+        (64, 1, 16, 4),  # divides: exact
+        (64, 1, 24, 2),  # 24 + 24 + 16 ran; estimated as 32 x 2
+        (96, 2, 40, 1),  # 40 + 8 per replica; estimated as 48
+        (10, 4, 1, 3),  # the largest replica has 3 samples
+    ],
+)
+def test_micro_batch_size_is_estimated_no_smaller(
+    batch, replicas, micro, steps
+):
+    from tfmemopt.tuning._oom import _own_accumulation
+
+    model = tfmemopt.Model(*layers(), micro_batch_size=micro)
+    assert _own_accumulation(model, batch, replicas) == steps
+    per_replica = -(-batch // replicas)
+    assert -(-per_replica // steps) >= min(micro, per_replica)
 
 
 @pytest.mark.parametrize(

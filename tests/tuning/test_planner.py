@@ -218,6 +218,10 @@ def test_unaligned_micro_batches_are_tried_where_no_aligned_one_fits():
     between = int((est[8] + est[16]) / 2 / (1 - MARGIN))
     p = tfmemopt.plan(model, 64, between, allow="accumulation")
     assert (p.micro_batch_size, p.accumulation_steps) == (4, 16)
+    # Before switching the optimizer too: the compiled one is kept.
+    allow = ("accumulation", "optimizer_state")
+    p = tfmemopt.plan(model, 64, between, allow=allow)
+    assert (p.micro_batch_size, p.optimizer) == (4, None), p
     # Where an aligned one fits, it is chosen over fewer unaligned steps:
     # at batch 48, 4 micro-batches of 12 fit, and 6 of 8 are chosen.
     at_48 = {

@@ -236,12 +236,9 @@ class MemoryMonitor(keras.callbacks.Callback):
             self._reset()
 
     def on_train_batch_end(self, batch, logs=None):
-        # With steps_per_execution, Keras reports the last execution of an
-        # epoch at `begin + steps_per_execution - 1`, past the epoch's end
-        # when the epoch is not a multiple of it.
-        steps = (self.params or {}).get("steps")
-        if steps:
-            batch = min(batch, steps - 1)
+        # With steps_per_execution, `batch` is the execution's last index
+        # as Keras reports it (`begin + steps_per_execution - 1`), also for
+        # an epoch's last, partial execution: docs/memory_monitor.md.
         self._steps_in_epoch = batch + 1
         step = self._step_base + batch + 1
         n = self.every_n_batches

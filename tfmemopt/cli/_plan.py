@@ -77,7 +77,7 @@ def _data(path, model, sizes):
     try:
         with np.load(path) as f:
             return (f["x"], f["y"])
-    except (OSError, KeyError, ValueError) as e:
+    except (OSError, KeyError, ValueError, TypeError, AttributeError) as e:
         raise ValueError(
             f"--data {path!r} cannot be read ({type(e).__name__}: {e}). "
             "Expected an .npz file with arrays 'x' and 'y' "
@@ -150,9 +150,12 @@ def _find(args) -> int:
     if isinstance(loaded, int):
         return loaded
     sizes, model = loaded
+    from tfmemopt._utils import check_int
     from tfmemopt.tuning._batch_size import find_batch_size
 
     try:
+        if args.target is not None:  # before the search, not after it
+            check_int("target_batch_size", args.target)
         found = find_batch_size(
             model,
             _data(args.data, model, sizes),

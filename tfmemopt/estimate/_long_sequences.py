@@ -92,54 +92,66 @@ def terms(traced, step) -> dict:
         for layer in sublayers(traced)
         if isinstance(layer, keras.layers.MultiHeadAttention)
     }
-    heads = _heads(traced, step)
+    heads = _heads(traced)
     layers = {layer.name for layer in sublayers(traced, include_self=True)}
     out = {"logits": 0, "attention_scores": 0}
     for path, n in step.saved_by_layer:
         names = set(path)
         if names & attention:
             out["attention_scores"] += n
-        elif not path or path == LOSS or names & heads:
+        elif path == LOSS or names & heads:
             out["logits"] += n  # the loss (ops outside layers), the head
-        elif not step.loss_apart and path[0] not in layers:
+        elif not step.loss_apart and (not path or path[0] not in layers):
             out["logits"] += n  # the model's scope unknown: the loss
     return out
 
 
-def _heads(traced, step) -> set:
+def _heads(traced) -> set:
     """The names of the head: the candidates (a Dense, a
     ReversibleEmbedding) that make the model's outputs, inside nested
-    models too; where none does (a subclassed model, an output made by a
-    Softmax layer), the candidate that keeps tensors last in the forward
-    order (the first the backward pass reads)."""
+    models and through layers of one input after them (a Softmax, an
+    activation, `keras.ops.tanh`); in a subclassed model (no outputs to
+    follow), its last candidate in the order its layers were set."""
     try:
-        candidates = {layer.name for layer in _head_candidates(traced)}
+        candidates = _head_candidates(traced)
     except (AttributeError, TypeError, ValueError):
-        candidates = set()
-    outputs = {layer.name for layer in _output_layers(traced)}
-    if outputs & candidates:
-        return outputs & candidates
-    for path, _ in step.saved_by_layer:
-        found = [n for n in path if n in candidates]
-        if found:
-            return {found[-1]}
-    return set()
-
-
-def _output_layers(model) -> list:
-    """The layers that make a functional model's outputs, and, where one
-    is a model, the layers that make its outputs."""
+        return set()
+    names = {layer.name for layer in candidates}
     try:
-        outputs = keras.tree.flatten(model.outputs)
+        outputs = keras.tree.flatten(traced.outputs)
     except (AttributeError, ValueError, TypeError):
-        return []
+        outputs = []
+    if not outputs:
+        return {candidates[-1].name} if candidates else set()
+    return {layer.name for layer in _producers(outputs, names)}
+
+
+def _producers(tensors, names, hops=4) -> list:
+    """The candidate layers (by name in `names`) that make `tensors`:
+    into a nested model's outputs, and back through up to `hops` layers of
+    one input."""
     found = []
-    for tensor in outputs:
-        history = getattr(tensor, "_keras_history", None)
-        layer = getattr(history, "operation", None)
-        if layer is None or layer is model:
-            continue
-        found.append(layer)
-        if isinstance(layer, keras.Model):
-            found += _output_layers(layer)
+    for tensor in tensors:
+        for _ in range(hops):
+            history = getattr(tensor, "_keras_history", None)
+            layer = getattr(history, "operation", None)
+            if layer is None:
+                break
+            if layer.name in names:
+                found.append(layer)
+                break
+            if isinstance(layer, keras.Model):
+                try:
+                    inner = keras.tree.flatten(layer.outputs)
+                except (AttributeError, ValueError, TypeError):
+                    break
+                found += _producers(inner, names, hops)
+                break
+            nodes = getattr(layer, "_inbound_nodes", [])
+            if history.node_index >= len(nodes):
+                break
+            inputs = nodes[history.node_index].input_tensors
+            if len(inputs) != 1:
+                break
+            tensor = inputs[0]
     return found

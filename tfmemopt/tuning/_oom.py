@@ -177,16 +177,19 @@ def build_report(
 
 
 def _own_accumulation(model, batch_size: int, replicas: int) -> int:
-    """The micro-batches per replica a `tfmemopt.Model` splits the batch
-    into (its `accumulation_steps`, or from its `micro_batch_size`); 1 for
-    any other model."""
+    """The `accumulation_steps` to estimate a `tfmemopt.Model` at: its own,
+    or from its `micro_batch_size` `m` the most steps whose micro-batches
+    (`ceil(B / steps)`, as the estimate takes them) are no smaller than
+    `m` (exact where `m` divides the largest replica's batch `B`, else a
+    micro-batch a little larger than `m`, so never an estimate below the
+    step that ran); 1 for any other model."""
     if not isinstance(model, Model):
         return 1
     if model.accumulation_steps:
         return int(model.accumulation_steps)
     if model.micro_batch_size:
-        per_replica = max(1, batch_size // max(1, replicas))
-        return max(1, -(-per_replica // model.micro_batch_size))
+        per_replica = -(-batch_size // max(1, replicas))
+        return max(1, per_replica // model.micro_batch_size)
     return 1
 
 

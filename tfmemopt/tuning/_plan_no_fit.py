@@ -45,7 +45,7 @@ def _kept(considered) -> list:
 
 
 def _state_label(c) -> str:
-    """`"AdamW8bit with policy 'bfloat16'"`: how a candidate's state was
+    """`"Adam8bit, policy 'bfloat16'"`: how a candidate's state was
     made."""
     label = state_options.describe(
         None, c["optimizer"] or c["optimizer_name"], c["sharding"]
@@ -95,8 +95,10 @@ def raise_no_fit(considered, budget, global_batch_size, scale, margin):
             + f", more than memory_budget={_bytes(budget)}. Accumulation, "
             "checkpointing and mixed precision only shrink activations. "
             f"Raise memory_budget to at least {format_bytes(needed)} (the "
-            f"smallest plan, {_bytes(least['peak'])} estimated, plus "
-            f"margin={margin}), use more replicas with sharded state, a "
+            f"smallest plan, {_bytes(least['peak'])} estimated"
+            + (f" with {_state_label(least)}" if _changes_state(least) else "")
+            + f", plus margin={margin}), use more replicas with sharded "
+            "state, a "
             "smaller model, or an optimizer with less state"
             + _small_state_hint(min(_kept(considered), key=_peak))
             + _tried_text(considered)

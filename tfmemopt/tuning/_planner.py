@@ -264,7 +264,7 @@ def plan(
         return _fit_by(considered[-1], margin)
 
     ckpts = [None, "auto"] if "checkpointing" in allow else [None]
-    original, start = list(policies), dict(option)
+    original = list(policies)
 
     def search(steps_list) -> None:
         for policy in policies:
@@ -273,43 +273,49 @@ def plan(
                     lambda steps: peak(policy, ckpt, steps), steps_list, limit
                 )
 
-    def explore(steps_list) -> None:
-        option.update(start)
-        policies[:] = original
-        search(steps_list)
-        if "long_sequences" in allow:
-            # The logits or the attention scores do not fit: compute them
-            # in chunks (the same update), the term that is there first.
-            for chunked, attention in _long_sequence_options(considered):
-                if choose(considered, limit) is not None:
-                    break
-                option.update(chunked_loss=chunked, attention=attention)
-                try:
-                    search(steps_list)
-                except ValueError:  # no linear head, no attention layer,
-                    option.update(chunked_loss=False, attention=None)
-        # The model state leaves too little room: shrink the state itself,
-        # least change first (sharded, 8-bit, both, factored).
-        for alt in state_options.alternatives(
-            base, allow, replicas, original[0]
-        ):
-            if choose(considered, limit) is not None:
+    rounds = _steps_options(global_batch_size // replicas, multiple_of, allow)
+
+    def fits() -> bool:
+        return choose(considered, limit) is not None
+
+    def search_rounds() -> None:
+        """Aligned micro-batches first, every divisor where none fits;
+        not where the model state alone is over the limit (no micro-batch
+        can fit then)."""
+        start = len(considered)
+        for i, steps_list in enumerate(rounds):
+            tried = considered[start:]
+            over = bool(tried) and min(c["state"] for c in tried) > limit
+            if i and (fits() or over):
                 break
-            new = state_options.make_optimizer(base, alt.name, alt.stage)
-            option.update(
-                optimizer=alt.name,
-                sharding=alt.stage,
-                opt=new,
-                params=alt.shard_parameters,
-            )
-            policies[:] = [alt.policy] if alt.policy else original
             search(steps_list)
 
-    rounds = _steps_options(global_batch_size // replicas, multiple_of, allow)
-    for steps_list in rounds:
-        if choose(considered, limit) is not None:
+    search_rounds()
+    if "long_sequences" in allow:
+        # The logits or the attention scores do not fit: compute them in
+        # chunks (the same update), the term that is there first.
+        for chunked, attention in _long_sequence_options(considered):
+            if fits():
+                break
+            option.update(chunked_loss=chunked, attention=attention)
+            try:
+                search_rounds()
+            except ValueError:  # no linear head, no MultiHeadAttention, or
+                option.update(chunked_loss=False, attention=None)  # loss
+    # The model state leaves too little room: shrink the state itself,
+    # least change first (sharded, 8-bit, both, factored).
+    for alt in state_options.alternatives(base, allow, replicas, original[0]):
+        if fits():
             break
-        explore(steps_list)
+        new = state_options.make_optimizer(base, alt.name, alt.stage)
+        option.update(
+            optimizer=alt.name,
+            sharding=alt.stage,
+            opt=new,
+            params=alt.shard_parameters,
+        )
+        policies[:] = [alt.policy] if alt.policy else original
+        search_rounds()
 
     def make(best) -> Plan:
         return _make_plan(best, global_batch_size, replicas, budget, considered)
