@@ -40,6 +40,18 @@ def test_auto_policy_per_hardware_becomes_global(hardware, expected):
     assert keras.config.dtype_policy().name == "float32"
 
 
+def test_choose_policy_takes_a_preset_name_as_configure_does():
+    # The docs call choose_policy(hardware) the pure choice and list the
+    # preset names; it raised AttributeError on a name.
+    for name in ("t4", "a100", "tpu", "cpu"):
+        assert mp.choose_policy(name) == mp.choose_policy(mp.PRESETS[name])
+    assert mp.choose_policy("t4")[0] == "mixed_float16"
+    with pytest.raises(ValueError, match="Received: hardware='h900'"):
+        mp.choose_policy("h900")
+    with pytest.raises(ValueError, match="detects nothing"):
+        mp.choose_policy(None)
+
+
 def test_cpu_reason_explains_float32_and_how_to_force():
     chosen = mp.configure(hardware="cpu")
     assert chosen.policy == "float32"

@@ -159,7 +159,9 @@ def _resolve(path, structure):
 
 
 def _partial_targets(compile_loss, y_true, y_pred):
-    """Places `y_true` on the outputs that have a loss, as Keras does.
+    """Places `y_true` on the outputs that have a loss, as Keras does; a
+    dict of targets by output name on a model whose outputs are a list is
+    put in the outputs' order.
 
     `loss=[loss_fn, None]` on a two-output model takes one target array
     (keras-io's miniature GPT): Keras's `CompileLoss.call` spreads the flat
@@ -167,6 +169,16 @@ def _partial_targets(compile_loss, y_true, y_pred):
     """
     if not keras.tree.is_nested(y_pred):
         return y_true
+    names = compile_loss.output_names
+    if (
+        isinstance(y_pred, (list, tuple))
+        and isinstance(y_true, dict)
+        and names
+        and set(names) == set(y_true)
+    ):
+        # Targets by output name for a model whose outputs are a list:
+        # Keras's `CompileLoss.call` orders them by `output_names` first.
+        return [y_true[name] for name in names]
     flat_true = keras.tree.flatten(y_true)
     if len(flat_true) == len(keras.tree.flatten(y_pred)):
         return y_true

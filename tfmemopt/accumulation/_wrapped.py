@@ -33,6 +33,12 @@ class WrappedModel(Model):
                 self._ensure_checkpointing()
 
     @property
+    def output_names(self):
+        """The wrapped model's output names (Keras compiles per-output
+        losses and metrics by them, and names their logs after them)."""
+        return getattr(self.model, "output_names", None)
+
+    @property
     def inner(self) -> keras.layers.Layer:
         """The wrapped model."""
         return self.model

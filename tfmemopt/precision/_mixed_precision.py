@@ -148,11 +148,12 @@ def detect_hardware() -> Hardware:
     return Hardware("cpu", platform.processor() or "CPU", None, 1, note)
 
 
-def choose_policy(hardware: Hardware) -> tuple[str, str]:
+def choose_policy(hardware: Hardware | str) -> tuple[str, str]:
     """The policy that suits `hardware`, and why (a pure function).
 
     Args:
-        hardware: A `Hardware`.
+        hardware: A `Hardware`, or a preset name (a key of `PRESETS`:
+            `"t4"`, `"a100"`, `"tpu"`, `"cpu"`, ...), as `configure` takes.
 
     Returns:
         `(policy_name, reason)`.
@@ -161,7 +162,17 @@ def choose_policy(hardware: Hardware) -> tuple[str, str]:
 
     >>> choose_policy(PRESETS["v100"])[0]
     'mixed_float16'
+    >>> choose_policy("a100")[0]
+    'mixed_bfloat16'
     """
+    if hardware is None or hardware == "auto":
+        raise ValueError(
+            "choose_policy decides for the hardware it is given and detects "
+            f"nothing. Received: hardware={hardware!r}. Pass a Hardware or "
+            f"a preset name (one of {sorted(PRESETS)}), or call "
+            "detect_hardware() first."
+        )
+    hardware = _resolve_hardware(hardware)
     cc = hardware.compute_capability
     if hardware.kind == "tpu":
         return "mixed_bfloat16", (
