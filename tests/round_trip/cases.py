@@ -68,6 +68,23 @@ def _functional(**kwargs):
     return tfmemopt.Model(inputs, outputs, **kwargs)
 
 
+def _nested(**kwargs):
+    # Models nested in the model, built under the case's policy: Keras
+    # loads them under the global one unless tfmemopt restores theirs.
+    inputs = keras.Input((FEATURES,))
+    h = inputs
+    for i in range(2):
+        h = keras.Sequential(
+            [
+                keras.layers.Dense(16, activation="tanh"),
+                keras.layers.Dense(16, activation="tanh"),
+            ],
+            name=f"block{i}",
+        )(h)
+    outputs = keras.layers.Dense(CLASSES, name="head", dtype="float32")(h)
+    return tfmemopt.Model(inputs, outputs, **kwargs)
+
+
 @keras.saving.register_keras_serializable(package="tfmemopt_tests")
 class Residual(keras.layers.Layer):
     """A block made of sub-layers (what `checkpointing="blocks"` takes)."""
@@ -250,6 +267,7 @@ class Case:
 
 _MODELS = {
     "functional": _functional,
+    "nested": _nested,
     "sequential": _sequential,
     "subclassed": lambda **kw: Subclassed(**kw),
     "keras": _plain,
@@ -283,6 +301,13 @@ CASES = {
     ),
     "functional/mixed_float16+accumulation": Case(
         "functional", _adam, {"accumulation_steps": 2}, "mixed_float16"
+    ),
+    # Nested models' policies (Keras loads them under the global policy).
+    "nested/mixed_float16+blocks+accumulation": Case(
+        "nested",
+        _sgd,
+        {"checkpointing": "blocks", "accumulation_steps": 2},
+        "mixed_float16",
     ),
     "functional/mixed_bfloat16+adamw8bit+auto": Case(
         "functional",

@@ -1,9 +1,10 @@
 """Nothing a user saves is lost: every feature through every way to save.
 
-Rows are the cases of tests/round_trip/cases.py (models: functional,
-`Model.wrap` of a `Sequential`, a subclassed `tfmemopt.Model`, `Model.wrap`
-of a keras-hub `GPT2CausalLM`; features: accumulation, checkpointing
-`"auto"` / `"blocks"` / a list, `AdamW8bit`, `Adafactor`,
+Rows are the cases of tests/round_trip/cases.py (models: functional, one
+of nested `Sequential` blocks, `Model.wrap` of a `Sequential`, a subclassed
+`tfmemopt.Model`, `Model.wrap` of a keras-hub `GPT2CausalLM`; features:
+accumulation, checkpointing `"auto"` / `"blocks"` / a list, `AdamW8bit`,
+`Adafactor`,
 `AccumulatingOptimizer`, `ShardedOptimizer` on 2 logical CPUs, mixed
 policies, and the pairs users combine). Columns are the ways to save:
 `model.save` + `load_model`, `save_weights` + `load_weights`,
@@ -58,3 +59,27 @@ def test_round_trip(name, tmp_path):
     if cases.CASES[name].model == "gpt2":
         pytest.importorskip("keras_hub")
     check(name, cases.run_case(name, str(tmp_path)))
+
+
+def test_wrap_restores_the_policies_of_nested_models(tmp_path):
+    """Keras loads a nested model under the global policy; the wrapper
+    gives it back the one it was saved with (the `nested` row checks the
+    same for `tfmemopt.Model`, and resumed training)."""
+    import keras
+
+    import tfmemopt
+
+    keras.config.set_dtype_policy("mixed_float16")
+    try:
+        inputs = keras.Input((4,))
+        block = keras.Sequential([keras.layers.Dense(4)], name="block")
+        inner = keras.Model(inputs, keras.layers.Dense(2)(block(inputs)))
+        model = tfmemopt.Model.wrap(inner, accumulation_steps=2)
+    finally:
+        keras.config.set_dtype_policy("float32")
+    model.save(str(tmp_path / "m.keras"))
+    loaded = keras.saving.load_model(str(tmp_path / "m.keras"))
+    policies = {
+        layer.name: layer.dtype_policy.name for layer in loaded.inner.layers
+    }
+    assert policies["block"] == "mixed_float16", policies

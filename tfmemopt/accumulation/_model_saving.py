@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import warnings
 
+import keras
+
 SEED_KEY = "seed_"
 
 
@@ -76,3 +78,30 @@ def serializable_policy(policy):
         stacklevel=3,
     )
     return None
+
+
+def restore_nested_policies(model, config) -> None:
+    """Gives `model` and the models nested in it the dtype policies they
+    were saved with (`config`: `model`'s own config).
+
+    Keras 3.15 saves a `Sequential`'s or functional model's `dtype` but does
+    not pass it back when it loads: the model takes the global policy at
+    load time, and one built under `mixed_float16` casts at its boundaries
+    to `float32` after loading (a tfmemopt.Model of three nested blocks with
+    checkpointing="blocks" resumed 6.3e-4 from the uninterrupted run; 0.0
+    with the policies restored). A layer's own `dtype` is passed back.
+    """
+    saved = config.get("dtype")
+    if saved is not None:
+        policy = keras.dtype_policies.deserialize(saved)
+        if model.dtype_policy.name != policy.name:
+            model.dtype_policy = policy
+    for entry in config.get("layers") or []:
+        inner = entry.get("config") or {}
+        if not isinstance(inner, dict) or "layers" not in inner:
+            continue  # not a model
+        try:
+            layer = model.get_layer(inner.get("name"))
+        except ValueError:
+            continue
+        restore_nested_policies(layer, inner)

@@ -6,6 +6,7 @@ import keras
 
 from tfmemopt._compat import call_takes
 from tfmemopt._utils import pop_keras_object
+from tfmemopt.accumulation import _model_saving as saving
 from tfmemopt.accumulation._model import Model
 
 
@@ -78,5 +79,10 @@ class WrappedModel(Model):
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
+        inner = (config.get("model") or {}).get("config")
+        if isinstance(inner, dict):  # deserializing consumes its layers
+            inner = dict(inner, layers=list(inner.get("layers") or []))
         model, config = pop_keras_object(config, "model", custom_objects)
+        if isinstance(inner, dict):
+            saving.restore_nested_policies(model, inner)
         return cls(model, **config)
