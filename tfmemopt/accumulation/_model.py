@@ -405,10 +405,9 @@ class Model(_dist.FitFixes, keras.Model):
         attention = config.pop("attention", None)
         settings = {k: config.pop(k, None) for k in _CONFIG_KEYS}
         if "layers" in config and "input_layers" in config:
-            # Keras's functional `from_config` consumes the config's layers.
-            saved = {"layers": list(config["layers"]), "dtype": None}
+            layers = list(config["layers"])  # `from_config` consumes them
             model = super().from_config(config, custom_objects=custom_objects)
-            saving.restore_nested_policies(model, saved)
+            saving.restore_nested_policies(model, layers)
             model._accumulation_steps = settings["accumulation_steps"]
             model._micro_batch_size = settings["micro_batch_size"]
             model._checkpointing_policy = settings["checkpointing"]

@@ -80,9 +80,10 @@ def serializable_policy(policy):
     return None
 
 
-def restore_nested_policies(model, config) -> None:
-    """Gives `model` and the models nested in it the dtype policies they
-    were saved with (`config`: `model`'s own config).
+def restore_nested_policies(model, layer_configs) -> None:
+    """Gives the models nested in `model` the dtype policies they were saved
+    with (`layer_configs`: the `"layers"` of `model`'s saved config, copied
+    before Keras's functional `from_config` consumes them).
 
     Keras 3.15 saves a `Sequential`'s or functional model's `dtype` but does
     not pass it back when it loads: the model takes the global policy at
@@ -91,12 +92,7 @@ def restore_nested_policies(model, config) -> None:
     checkpointing="blocks" resumed 6.3e-4 from the uninterrupted run; 0.0
     with the policies restored). A layer's own `dtype` is passed back.
     """
-    saved = config.get("dtype")
-    if saved is not None:
-        policy = keras.dtype_policies.deserialize(saved)
-        if model.dtype_policy.name != policy.name:
-            model.dtype_policy = policy
-    for entry in config.get("layers") or []:
+    for entry in layer_configs:
         inner = entry.get("config") or {}
         if not isinstance(inner, dict) or "layers" not in inner:
             continue  # not a model
@@ -104,4 +100,9 @@ def restore_nested_policies(model, config) -> None:
             layer = model.get_layer(inner.get("name"))
         except ValueError:
             continue
-        restore_nested_policies(layer, inner)
+        saved = inner.get("dtype")
+        if saved is not None:
+            policy = keras.dtype_policies.deserialize(saved)
+            if layer.dtype_policy.name != policy.name:
+                layer.dtype_policy = policy
+        restore_nested_policies(layer, inner["layers"])

@@ -80,9 +80,10 @@ class WrappedModel(Model):
     @classmethod
     def from_config(cls, config, custom_objects=None):
         inner = (config.get("model") or {}).get("config")
-        if isinstance(inner, dict):  # deserializing consumes its layers
-            inner = dict(inner, layers=list(inner.get("layers") or []))
+        # Copied: deserializing the wrapped model consumes its layers.
+        layers = (
+            list(inner.get("layers") or []) if isinstance(inner, dict) else []
+        )
         model, config = pop_keras_object(config, "model", custom_objects)
-        if isinstance(inner, dict):
-            saving.restore_nested_policies(model, inner)
+        saving.restore_nested_policies(model, layers)
         return cls(model, **config)

@@ -234,19 +234,22 @@ def load_saved_model(
         missing = re.search(
             r"Could not locate (class|function) '([^']+)'", text
         )
-        hint = (
-            " It uses a class or function that is not registered here: "
+        fix = (
             "pass --import MODULE, the module that defines it (and "
             "decorate it with @keras.saving.register_keras_serializable())."
         )
         if missing:  # Keras's own text names it after a long config
             said = (
                 f"it uses the {missing.group(1)} {missing.group(2)!r}, "
-                f"which is not registered here:{hint[hint.index(':') + 1 :]}"
+                f"which is not registered here: {fix}"
             )
         else:
-            more = "Could not locate" in text or "custom" in text.lower()
-            said = f"{type(e).__name__}: {text[:300]}" + (hint if more else "")
+            said = f"{type(e).__name__}: {text[:300]}"
+            if "Could not locate" in text or "custom" in text.lower():
+                said += (
+                    " It uses a class or function that is not registered "
+                    f"here: {fix}"
+                )
         print(
             f"tfmemopt {command}: cannot load {path!r}: {said}",
             file=sys.stderr,

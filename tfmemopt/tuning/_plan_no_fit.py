@@ -44,15 +44,21 @@ def _kept(considered) -> list:
     return kept or considered
 
 
-def _state_label(c) -> str:
-    """`"Adam8bit, policy 'bfloat16'"`: how a candidate's state was
-    made."""
+def _optimizer_label(c) -> str:
+    """`"Adam8bit"`, `"tfmemopt.ShardedOptimizer(Adam, stage=1)"`, with
+    `" with shard_parameters=True"`: the optimizer a candidate tried."""
     label = state_options.describe(
         None, c["optimizer"] or c["optimizer_name"], c["sharding"]
     )
     if c.get("shard_parameters"):
         label += " with shard_parameters=True"
-    return f"{label}, policy {c['policy']!r}"
+    return label
+
+
+def _state_label(c) -> str:
+    """`"Adam8bit, policy 'bfloat16'"`: how a candidate's state was
+    made."""
+    return f"{_optimizer_label(c)}, policy {c['policy']!r}"
 
 
 def _tried_text(considered) -> str:
@@ -60,11 +66,7 @@ def _tried_text(considered) -> str:
     tried = {}
     for c in considered:
         if _changes_state(c):
-            label = state_options.describe(
-                None, c["optimizer"] or c["optimizer_name"], c["sharding"]
-            )
-            if c.get("shard_parameters"):
-                label += " with shard_parameters=True"
+            label = _optimizer_label(c)
             tried[label] = min(tried.get(label, c["peak"]), c["peak"])
     if not tried:
         return ""
@@ -98,8 +100,7 @@ def raise_no_fit(considered, budget, global_batch_size, scale, margin):
             f"smallest plan, {_bytes(least['peak'])} estimated"
             + (f" with {_state_label(least)}" if _changes_state(least) else "")
             + f", plus margin={margin}), use more replicas with sharded "
-            "state, a "
-            "smaller model, or an optimizer with less state"
+            "state, a smaller model, or an optimizer with less state"
             + _small_state_hint(min(_kept(considered), key=_peak))
             + _tried_text(considered)
         )
