@@ -30,6 +30,7 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import estimator_accuracy as bench  # noqa: E402
 from _estimator_table import distribution  # noqa: E402
 from _estimator_table import summarize  # noqa: E402
+from estimator_spread import unreachable  # noqa: E402
 
 sys.path[:] = _PATH
 
@@ -153,3 +154,20 @@ def test_distribution_counts_what_a_plan_at_the_margin_holds():
     assert "50% 20.0%" in text and "worst 30.0%" in text, text
     assert text.endswith("in 4 of 5"), text
     assert distribution(rows, 0.15).endswith("in 3 of 5")
+
+
+def test_unreachable_counts_the_measurements_own_spread():
+    def row(*runs):
+        return {"runs": list(runs), "spread": max(runs) / min(runs)}
+
+    rows = [
+        row(100, 100, 100, 100),  # nothing moves
+        row(100, 100, 100, 128),  # 1.28x: over 1.12 / 0.88 = 1.273x
+        row(100, 100, 100, 127),  # 1.27x: 113 is within 12% of both
+        row(100, 110, 120, 130, 140, 150, 160),  # median 110 of 3, 130 of 7
+    ]
+    text = unreachable(rows)
+    assert text.startswith("no number within 12% of every run in 2;"), text
+    # The last row's stored median (110) is 15.4% under the median of all
+    # its runs (130); the others' medians are equal.
+    assert text.endswith("1 over 12% (worst 15.4%)"), text
