@@ -374,3 +374,44 @@ def test_dataset_input_is_repeated_to_fill_the_batch():
     )
     assert found.batch_size == 16
     assert [t.fits for t in found.trials] == [True, False]
+
+
+@needs_stats
+def test_tiny_model_says_why_every_peak_is_zero_and_no_retracing_warning():
+    # docs/batch_size.md's model: every tensor under oneDNN's 256 KiB floor.
+    import logging
+
+    inputs = keras.Input((32,))
+    h = keras.layers.Dense(64, activation="relu")(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(1)(h))
+    model.compile(optimizer="adam", loss="mse")
+    x, y = data(64)
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("tensorflow")
+    logger.addHandler(handler)
+    try:
+        found = tfmemopt.find_batch_size(
+            model, (x, y), memory_budget="8GiB", max_batch_size=512,
+            multiple_of=8, steps_per_trial=1, verbose=0,
+        )
+        # Each trial is a new batch, so a new trace: TensorFlow warned
+        # "triggered tf.function retracing" from the sixth trial on.
+        assert len(found.trials) == 7
+        assert not [
+            r for r in records if "retracing" in r.getMessage()
+        ], [r.getMessage()[:80] for r in records]
+        # The filter is gone after the search: the warning reaches the log.
+        logger.warning("5 calls triggered tf.function retracing (test)")
+        assert any("(test)" in r.getMessage() for r in records)
+    finally:
+        logger.removeHandler(handler)
+    assert all(t.peak_bytes == 0 for t in found.trials), found.trials
+    assert "256 KiB" in found.note and found.note in str(found)
+    # A model whose steps allocate counted tensors has no note.
+    big = tfmemopt.find_batch_size(
+        wide_model(optimizer="sgd"), data(), max_batch_size=64,
+        multiple_of=64, steps_per_trial=1, verbose=0,
+    )
+    assert big.trials[0].peak_bytes > 0 and big.note == ""

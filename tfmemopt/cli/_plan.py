@@ -177,6 +177,8 @@ def _find(args) -> int:
             "limit_bytes": found.limit_bytes,
             "trials": [vars(t) for t in found.trials],
         }
+        if found.note:
+            out["note"] = found.note
         if split:
             out["suggest"] = {
                 "micro_batch_size": split.micro_batch_size,

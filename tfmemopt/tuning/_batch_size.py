@@ -40,6 +40,9 @@ class BatchSizeResult:
         mode: Str, the search mode.
         multiple_of: Int, the alignment of every tried batch.
         device: Str, the device whose memory was measured.
+        note: Str (a property), why every trial read a peak of 0 bytes
+            (on CPU: all the steps' tensors are under the allocator
+            statistics' 256 KiB floor), or "" where one did not.
     """
 
     batch_size: int
@@ -69,6 +72,25 @@ class BatchSizeResult:
         return (
             f"batch_size={self.batch_size} on {self.device} ({self.mode}, "
             f"multiple_of={self.multiple_of}{limit})\n{self.table()}"
+            + (f"\n{self.note}" if self.note else "")
+        )
+
+    @property
+    def note(self) -> str:
+        """Why every trial read a peak of 0 bytes, or "" where one did not."""
+        peaks = [t.peak_bytes for t in self.trials if t.peak_bytes is not None]
+        if not peaks or any(peaks):
+            return ""
+        where = (
+            "on CPU the allocator's statistics do not count allocations "
+            "under 256 KiB, and every tensor of these steps is smaller"
+            if "CPU" in self.device.upper()
+            else "the device's allocator counted nothing"
+        )
+        return (
+            f"Every trial read a peak of 0 bytes: {where}. The budget "
+            "bounded nothing; the batch is what the search reached "
+            "(max_batch_size, or an out-of-memory error)."
         )
 
     def suggest(self, target_batch_size: int, replicas: int = 1):

@@ -13,6 +13,7 @@ model. Cost: one host copy of the model and optimizer state.
 from __future__ import annotations
 
 import gc
+import logging
 
 import keras
 import numpy as np
@@ -23,6 +24,18 @@ from tfmemopt.tuning._errors import first_line
 from tfmemopt.tuning._errors import is_oom
 
 _POOL = 256
+
+
+class _NoRetracingWarning(logging.Filter):
+    """Drops TensorFlow's "triggered tf.function retracing" warning.
+
+    Every trial is a new batch size, so a new trace of the train function
+    by design; after five TensorFlow warns that the user's code retraces
+    too often, which it does not.
+    """
+
+    def filter(self, record):
+        return "triggered tf.function retracing" not in record.getMessage()
 
 
 def variable_bytes(variables) -> int:
@@ -207,6 +220,7 @@ class TrialRunner:
         self.pool, self.n = sample_pool(data)
         self.stats = memory.stats_available(self.device)
         self._saved = None
+        self._quiet = _NoRetracingWarning()
 
     def __enter__(self):
         model = self.model
@@ -224,6 +238,7 @@ class TrialRunner:
             list(model.variables) + list(model.optimizer.variables),
             self.device,
         )
+        logging.getLogger("tensorflow").addFilter(self._quiet)
         return self
 
     def restore(self):
@@ -231,6 +246,7 @@ class TrialRunner:
             _assign_in_place(v, value)
 
     def __exit__(self, *exc):
+        logging.getLogger("tensorflow").removeFilter(self._quiet)
         self.restore()
         self.model.train_function = self._train_function
         gc.collect()
