@@ -393,15 +393,20 @@ def test_tiny_model_says_why_every_peak_is_zero_and_no_retracing_warning():
     logger.addHandler(handler)
     try:
         found = tfmemopt.find_batch_size(
-            model, (x, y), memory_budget="8GiB", max_batch_size=512,
-            multiple_of=8, steps_per_trial=1, verbose=0,
+            model,
+            (x, y),
+            memory_budget="8GiB",
+            max_batch_size=512,
+            multiple_of=8,
+            steps_per_trial=1,
+            verbose=0,
         )
         # Each trial is a new batch, so a new trace: TensorFlow warned
         # "triggered tf.function retracing" from the sixth trial on.
         assert len(found.trials) == 7
-        assert not [
-            r for r in records if "retracing" in r.getMessage()
-        ], [r.getMessage()[:80] for r in records]
+        assert not [r for r in records if "retracing" in r.getMessage()], [
+            r.getMessage()[:80] for r in records
+        ]
         # The filter is gone after the search: the warning reaches the log.
         logger.warning("5 calls triggered tf.function retracing (test)")
         assert any("(test)" in r.getMessage() for r in records)
@@ -411,7 +416,11 @@ def test_tiny_model_says_why_every_peak_is_zero_and_no_retracing_warning():
     assert "256 KiB" in found.note and found.note in str(found)
     # A model whose steps allocate counted tensors has no note.
     big = tfmemopt.find_batch_size(
-        wide_model(optimizer="sgd"), data(), max_batch_size=64,
-        multiple_of=64, steps_per_trial=1, verbose=0,
+        wide_model(optimizer="sgd"),
+        data(),
+        max_batch_size=64,
+        multiple_of=64,
+        steps_per_trial=1,
+        verbose=0,
     )
     assert big.trials[0].peak_bytes > 0 and big.note == ""
