@@ -57,6 +57,34 @@ def build_whole_state(optimizer, inner, shard_set) -> None:
     object.__setattr__(optimizer, "save_own_variables", state.save)
     object.__setattr__(optimizer, "load_own_variables", state.load)
     shard_set.state = state
+    # A wrapper (`LossScaleOptimizer`) lists its inner optimizer's
+    # variables among its own, and Keras saves and loads the inner one
+    # again as its child (`inner_optimizer/vars`): that copy is written
+    # whole too (an unsharded model reads it), and not read back, since the
+    # wrapper's own load has restored every replica's part. Read back, the
+    # first replica's parts (what files written before 0.1.0.dev0's fix
+    # hold there) were written into every replica's.
+    level = optimizer
+    while level is not inner:
+        level = level.inner_optimizer
+        child = WholeState(level, inner, shard_set.strategy, made)
+        object.__setattr__(level, "save_own_variables", child.save)
+        object.__setattr__(level, "load_own_variables", _restored_by_wrapper)
+    # Built on the shards: building again would add a second set of a
+    # wrapper's own variables (Keras's `LossScaleOptimizer.build` does not
+    # check `built`), and its state then no longer matches a checkpoint's.
+    # docs/sharding.md says to call `build` before `load_weights`.
+    object.__setattr__(optimizer, "build", _built_on_the_shards)
+
+
+def _restored_by_wrapper(store) -> None:
+    """An inner optimizer's `load_own_variables`: its wrapper's restores it."""
+    del store
+
+
+def _built_on_the_shards(var_list) -> None:
+    """`build` of an optimizer `shard_parameters` built: nothing to do."""
+    del var_list
 
 
 class WholeState:
