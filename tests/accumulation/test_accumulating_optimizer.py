@@ -292,8 +292,8 @@ def test_loss_scale_wrapping_survives_config_round_trip():
         keras.saving.serialize_keras_object(lso)
     )
     assert isinstance(clone.inner_optimizer, AccumulatingOptimizer)
-    assert clone.inner_optimizer._outer_loss_scale is clone
-    assert lso.inner_optimizer._outer_loss_scale is lso
+    assert clone.inner_optimizer._outer_loss_scale() is clone
+    assert lso.inner_optimizer._outer_loss_scale() is lso
 
 
 def test_sparse_embedding_gradients():

@@ -93,9 +93,17 @@ class AccumulatingOptimizer(ForwardsToInner, keras.optimizers.Optimizer):
         super().__init__(learning_rate=0.0, name=name)
         self.inner_optimizer = inner_optimizer
         self.accumulation_steps = accumulation_steps
-        # The LossScaleOptimizer that wraps this one, if any (not tracked:
-        # it already tracks us).
-        object.__setattr__(self, "_outer_loss_scale", None)
+        # The LossScaleOptimizer that wraps this one, if any, by a weak
+        # reference (`_outer_loss_scale()`): not tracked (it tracks us), and
+        # not an attribute that Keras's saving walks (it reads every
+        # attribute of `dir()`; a loss scale optimizer here led back to
+        # itself, and `load_model` ended in a RecursionError).
+        object.__setattr__(self, "_outer_loss_scale_ref", None)
+
+    def _outer_loss_scale(self):
+        """The `LossScaleOptimizer` that wraps this one, or `None`."""
+        ref = self._outer_loss_scale_ref
+        return None if ref is None else ref()
 
     def build(self, var_list):
         if self.built:
@@ -281,7 +289,7 @@ class AccumulatingOptimizer(ForwardsToInner, keras.optimizers.Optimizer):
                 args=(grads, weight, accumulators, variables, normaliser),
             )
 
-        if self._outer_loss_scale is None:
+        if self._outer_loss_scale() is None:
             # Only the loss scale optimizer skips windows; a second `cond`
             # would switch every captured input once more.
             apply_window()
@@ -307,11 +315,11 @@ class AccumulatingOptimizer(ForwardsToInner, keras.optimizers.Optimizer):
     def _on_bad_window(self):
         # A non-finite gradient reached the accumulators without the loss
         # scale optimizer seeing it (another replica): lower the scale once.
-        if self._outer_loss_scale is None:
+        if self._outer_loss_scale() is None:
             return
         ops.cond(
             ops.equal(self._skip_window, 0),
-            hooks.original_non_finite_handler(self._outer_loss_scale),
+            hooks.original_non_finite_handler(self._outer_loss_scale()),
             lambda: None,
         )
 

@@ -18,6 +18,7 @@ are corrected here on the *instances* involved (never on Keras's classes):
 from __future__ import annotations
 
 import contextlib
+import weakref
 
 import keras
 import tensorflow as tf
@@ -139,7 +140,7 @@ def adopt_loss_scale_optimizer(accumulating, outer) -> None:
             "_stateful_handle_non_finite_grads",
             handle_non_finite_micro_step,
         )
-    object.__setattr__(accumulating, "_outer_loss_scale", outer)
+    object.__setattr__(accumulating, "_outer_loss_scale_ref", weakref.ref(outer))
     # As LossScaleOptimizer does for its direct inner optimizer: the loss is
     # scaled once, by the outer optimizer.
     accumulating.inner_optimizer.loss_scale_factor = None
