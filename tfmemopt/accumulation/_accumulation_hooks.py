@@ -140,7 +140,8 @@ def adopt_loss_scale_optimizer(accumulating, outer) -> None:
             "_stateful_handle_non_finite_grads",
             handle_non_finite_micro_step,
         )
-    object.__setattr__(accumulating, "_outer_loss_scale_ref", weakref.ref(outer))
+    ref = weakref.ref(outer)
+    object.__setattr__(accumulating, "_outer_loss_scale_ref", ref)
     # As LossScaleOptimizer does for its direct inner optimizer: the loss is
     # scaled once, by the outer optimizer.
     accumulating.inner_optimizer.loss_scale_factor = None
