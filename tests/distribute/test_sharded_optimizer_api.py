@@ -107,6 +107,15 @@ def test_loss_scale_inside():
         ShardedOptimizer(inner)
 
 
+def test_accumulating_optimizer_inside():
+    # It failed at the first step in TensorFlow's colocate_vars_with.
+    import tfmemopt
+
+    inner = tfmemopt.AccumulatingOptimizer(keras.optimizers.Adam(), 2)
+    with pytest.raises(TypeError, match="accumulation_steps=N"):
+        ShardedOptimizer(inner)
+
+
 @pytest.mark.parametrize("name", ["Adafactor", "Lamb", "Muon"])
 def test_not_elementwise(name):
     with pytest.raises(

@@ -137,6 +137,15 @@ def test_a_refused_chunked_loss_is_said_as_raised():
     assert "in user code" not in message and "'softmax'" in message
 
 
+def test_uncompiled_model_is_estimated_with_the_loss_chunked_loss_computes():
+    # It was refused with "Received: loss=...mean_squared_error", the
+    # estimator's own default, which the user never passed.
+    compiled = tfmemopt.estimate_memory(lm(), 2, chunked_loss=True)
+    bare = tfmemopt.estimate_memory(lm(compiled=False), 2, chunked_loss=True)
+    assert bare.total == compiled.total, (bare.total, compiled.total)
+    assert bare.terms == compiled.terms
+
+
 def test_logits_are_what_the_head_and_the_loss_keep():
     """`terms["logits"]` is the head's and the loss's, not a checkpointed
     segment's kept tensors (their scopes are no layer's), nor a larger

@@ -117,6 +117,19 @@ def test_dense_head_update_equals_keras_within_the_floor():
     assert model.loss is loss
 
 
+def test_chunk_sizes_are_checked_when_set():
+    # 0, -5 and 1.5 trained silently before, and the report printed them.
+    model = tfmemopt.Model.wrap(_functional(), chunked_loss=True)
+    report = model.long_sequences
+    for bad, error in ((0, ValueError), (-5, ValueError), (1.5, TypeError)):
+        with pytest.raises(error, match="chunk_elements"):
+            report.chunk_elements = bad
+    with pytest.raises(TypeError, match="block_elements"):
+        report.block_elements = "big"
+    report.chunk_elements = V * 4
+    assert report.chunk_elements == V * 4
+
+
 def test_refuses_what_it_cannot_make_exact():
     x, y, sw = _data()
     model = tfmemopt.Model.wrap(_functional(), chunked_loss=True)

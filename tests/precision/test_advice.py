@@ -310,3 +310,10 @@ def test_top_level_names():
     assert tfmemopt.check_alignment is check_alignment
     assert tfmemopt.pad_to_multiple is pad_to_multiple
     assert tfmemopt.mixed_precision.configure is not None
+
+
+def test_optimizer_must_be_an_instance():
+    # "adam" was accepted and checked as no optimizer (no findings).
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    with pytest.raises(TypeError, match="optimizer='adam'.*keras.optimizers"):
+        check_precision(model, optimizer="adam")

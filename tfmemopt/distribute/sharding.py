@@ -309,6 +309,17 @@ def _check_inner(inner):
             "LossScaleOptimizer(ShardedOptimizer(inner)), or let "
             "`compile()` add the LossScaleOptimizer under mixed_float16."
         )
+    if type(inner).__name__ == "AccumulatingOptimizer":
+        # By name: distribute knows nothing of accumulation (import-linter).
+        # It failed in TensorFlow's colocate_vars_with at the first step.
+        raise TypeError(
+            "ShardedOptimizer does not take an AccumulatingOptimizer: its "
+            "accumulators are whole-weight variables, and the sharded "
+            "update runs on partitions. Received: ShardedOptimizer("
+            "AccumulatingOptimizer(...)). Use tfmemopt.Model(..., "
+            "accumulation_steps=N) (or Model.wrap(model, accumulation_"
+            "steps=N)) with ShardedOptimizer(inner) as its optimizer."
+        )
     if not isinstance(inner, keras.optimizers.Optimizer):
         raise TypeError(
             "`inner_optimizer` must be a keras.optimizers.Optimizer instance, "

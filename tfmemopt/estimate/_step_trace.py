@@ -19,6 +19,7 @@ from tfmemopt.estimate._input_specs import input_specs
 from tfmemopt.estimate._while_loops import while_loop_sizes
 from tfmemopt.longseq._head import head_of
 from tfmemopt.longseq._head import training_forward
+from tfmemopt.longseq._takeover import report_of
 
 _SUFFIX = re.compile(r"_\d+$")
 
@@ -67,7 +68,13 @@ def _traced_step(
     in_specs = input_specs(model, batch_size, input_shape, sequence_length)
     # A tfmemopt.Model.wrap is compiled, the model it wraps maybe not.
     if loss is None:
-        loss = getattr(owner, "loss", None)
+        loss = getattr(owner, "loss", None) or getattr(model, "loss", None)
+    report = report_of(owner) if owner is not None else None
+    if loss is None and report is not None and report.chunked_loss:
+        # Uncompiled under chunked_loss: the one loss it computes (the
+        # default, mean squared error, was refused in a message that named
+        # a loss the user never passed).
+        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     loss_fn, y_specs = _loss_and_target_specs(model, batch_size, in_specs, loss)
     mark = {}
 

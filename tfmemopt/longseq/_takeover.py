@@ -24,6 +24,7 @@ import keras
 import tensorflow as tf
 
 from tfmemopt._compat import sublayers
+from tfmemopt._utils import check_int
 from tfmemopt.longseq._attention import DEFAULT_BLOCK_ELEMENTS
 from tfmemopt.longseq._attention import dot_product_attention
 from tfmemopt.longseq._head import _STATE
@@ -57,6 +58,18 @@ class LongSequenceReport:
     attention: str | None = None
     attention_layers: list = dataclasses.field(default_factory=list)
     block_elements: int = DEFAULT_BLOCK_ELEMENTS
+
+    def __setattr__(self, name, value):
+        # docs/long_sequences.md says to set `chunk_elements` here: 0, -5 and
+        # 1.5 trained silently, and the report printed them.
+        if name in ("chunk_elements", "block_elements"):
+            value = check_int(
+                name,
+                value,
+                hint=f"Pass a whole number of elements per chunk, e.g. "
+                f"model.long_sequences.{name} = 2**20.",
+            )
+        super().__setattr__(name, value)
 
     def __str__(self) -> str:
         lines = ["Long sequences (tfmemopt):"]
@@ -210,7 +223,7 @@ def enable_long_sequences(
             "call disable_long_sequences(model) first."
         )
     report = LongSequenceReport(
-        chunked_loss, int(chunk_elements), block_elements=int(block_elements)
+        chunked_loss, chunk_elements, block_elements=block_elements
     )
     state = _State(report)
     if chunked_loss:

@@ -110,6 +110,17 @@ def check_precision(model, optimizer=None) -> Findings:
             "`model` must be a built keras.Model. Received: "
             f"model={model!r} (of type {type(model).__name__})."
         )
+    if optimizer is not None and not isinstance(
+        optimizer, keras.optimizers.Optimizer
+    ):
+        # A name was taken and checked as no optimizer at all.
+        raise TypeError(
+            "`optimizer` must be a keras.optimizers.Optimizer instance (the "
+            "one your training loop applies), or None for the model's "
+            f"compiled one. Received: optimizer={optimizer!r} (of type "
+            f"{type(optimizer).__name__}). Pass e.g. "
+            "keras.optimizers.get('adam')."
+        )
     findings = Findings()
     layers = walk_layers(model)
     outputs = _output_layers(model)
