@@ -160,6 +160,24 @@ def test_without_a_model_the_report_says_what_to_pass():
             raise tf.errors.ResourceExhaustedError(None, None, "OOM here")
 
 
+def test_a_peak_of_zero_at_the_failure_is_said(monkeypatch):
+    # On CPU an error raised before anything was allocated (the trial's
+    # simulated OOM) left a peak of 0: "no memory budget" said nothing of it.
+    from tfmemopt import memory
+    from tfmemopt.tuning._oom import build_report
+
+    monkeypatch.setattr(
+        memory, "device_memory", lambda device: {"current": 0, "peak": 0}
+    )
+    model = tfmemopt.Model(*layers())
+    model.compile("adam", "mse")
+    error = tf.errors.ResourceExhaustedError(None, None, "OOM here")
+    report = build_report(error, model, batch_size=64, device="CPU:0")
+    assert report.plan is None and report.estimate is not None
+    assert "peak at the failure reads 0 bytes" in report.plan_error
+    assert "pass `memory_budget`" in report.plan_error
+
+
 def test_other_errors_pass_through_untouched():
     with pytest.raises(ValueError, match="not memory"):
         with tfmemopt.oom_report():

@@ -163,10 +163,17 @@ def build_report(
         # What the device held when it failed is about what it can hold.
         budget = report.device_memory["peak"] or None
     if budget is None:
-        report.plan_error = (
-            report.plan_error
-            or "no memory budget: pass `memory_budget` to oom_report(), or "
-            "find what fits with tfmemopt.find_batch_size()"
+        held = report.device_memory
+        why = (
+            f"the device's peak at the failure reads 0 bytes ({device}'s "
+            "allocator counted nothing before the error), so there is no "
+            "memory budget"
+            if held is not None
+            else "no memory budget"
+        )
+        report.plan_error = report.plan_error or (
+            f"{why}: pass `memory_budget` to oom_report(), or find what fits "
+            "with tfmemopt.find_batch_size()"
         )
         return report
     try:
