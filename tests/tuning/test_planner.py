@@ -152,6 +152,43 @@ def test_margin_keeps_room_for_the_estimators_error():
         tfmemopt.plan(model, 64, whole, margin=1.0)
 
 
+def test_applied_checkpointing_is_saved_with_the_model(tmp_path):
+    # Applied on the model itself, not through the wrapper, it was not in
+    # the saved config: the loaded model trained without it (fresh-user
+    # trial).
+    from tfmemopt.checkpointing import checkpointing_report
+
+    x, y = _transformer_data()
+    p = planner.Plan(64, 32, 2, 1, "auto", "float32", 0, 1.0, 1)
+
+    def applied():
+        keras.utils.set_random_seed(0)
+        return p.apply(transformer(seq=16))
+
+    def fit(model, epochs):
+        model.fit(x[:, :16], y, batch_size=64, epochs=epochs, verbose=0)
+
+    uninterrupted = applied()
+    start = uninterrupted.get_weights()
+    fit(uninterrupted, 2)
+    model = applied()
+    fit(model, 1)
+    path = str(tmp_path / "planned.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    assert loaded.get_config()["checkpointing"] == "auto"
+    assert checkpointing_report(loaded.inner) is not None
+    fit(loaded, 1)
+    update = max(
+        np.abs(a - b).max() for a, b in zip(uninterrupted.get_weights(), start)
+    )
+    gap = max(
+        np.abs(a - b).max()
+        for a, b in zip(loaded.get_weights(), uninterrupted.get_weights())
+    )
+    assert gap <= 1e-6 * update, (gap, update)
+
+
 def test_apply_mixed_precision_keeps_weights_and_float32_outputs():
     model = mlp()
     p = planner.Plan(64, 32, 2, 1, None, "mixed_bfloat16", 0, 1.0, 1)

@@ -52,7 +52,6 @@ def rebuild(model: keras.Model, policy: str) -> keras.Model:
 def apply_plan(plan, model: keras.Model, copy: bool = False) -> keras.Model:
     """See `Plan.apply`; `copy=True` never touches `model` (for verify)."""
     from tfmemopt.accumulation._model import Model
-    from tfmemopt.checkpointing import enable_checkpointing
 
     if not isinstance(model, keras.Model) or not model.built:
         raise ValueError(
@@ -73,8 +72,6 @@ def apply_plan(plan, model: keras.Model, copy: bool = False) -> keras.Model:
     base = model
     if copy or plan.policy != _policy_name(model):
         base = rebuild(model, plan.policy)
-    if plan.checkpointing is not None:
-        enable_checkpointing(base, plan.checkpointing)
     previous = keras.config.dtype_policy()
     keras.config.set_dtype_policy(plan.policy)
     try:
@@ -83,8 +80,14 @@ def apply_plan(plan, model: keras.Model, copy: bool = False) -> keras.Model:
             for k, v in plan.model_kwargs.items()
             if k in ("shard_parameters", "chunked_loss", "attention")
         }
+        # Checkpointing through the wrapper, not on `base` directly: the
+        # wrapper saves it in its config, so the model loads with it (a
+        # plan applied in place came back from `load_model` without it).
         wrapped = Model.wrap(
-            base, accumulation_steps=plan.accumulation_steps, **extra
+            base,
+            accumulation_steps=plan.accumulation_steps,
+            checkpointing=plan.checkpointing,
+            **extra,
         )
         if compile_config is not None:
             wrapped.compile_from_config(compile_config)
