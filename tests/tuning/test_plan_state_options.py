@@ -257,3 +257,22 @@ def test_sharded_plan_applies_and_trains_under_mirrored_strategy():
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "OK" in proc.stdout
+
+
+def test_long_sequence_options_that_do_not_fit_are_not_kept():
+    # An MLP's 10 KiB of logits: chunked_loss=True did not make it fit, and
+    # came back beside the 8-bit state and checkpointing "auto", which this
+    # model's first fit refuses (fresh-user trial).
+    inputs = keras.Input((512,))
+    h = inputs
+    for _ in range(4):
+        h = keras.layers.Dense(1024, activation="relu")(h)
+    model = keras.Model(inputs, keras.layers.Dense(10)(h))
+    model.compile(
+        keras.optimizers.Adam(1e-3),
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    p = tfmemopt.plan(model, global_batch_size=256, memory_budget="56MiB")
+    assert p.optimizer is not None, str(p)  # the state had to shrink
+    assert not p.model_kwargs.get("chunked_loss"), p.model_kwargs
+    assert not p.model_kwargs.get("attention"), p.model_kwargs

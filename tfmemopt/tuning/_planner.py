@@ -302,6 +302,12 @@ def plan(
                 search_rounds()
             except ValueError:  # no linear head, no MultiHeadAttention, or
                 option.update(chunked_loss=False, attention=None)  # loss
+        if not fits():
+            # They did not make it fit: the state alternatives below are
+            # tried without them (an MLP's 10 KiB of logits came back as
+            # chunked_loss=True beside Adam8bit and checkpointing "auto",
+            # a combination that model's first fit refuses).
+            option.update(chunked_loss=False, attention=None)
     # The model state leaves too little room: shrink the state itself,
     # least change first (sharded, 8-bit, both, factored).
     for alt in state_options.alternatives(base, allow, replicas, original[0]):
