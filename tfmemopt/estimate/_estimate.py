@@ -20,6 +20,7 @@ import warnings
 
 import keras
 
+from tfmemopt._utils import compiled_metrics
 from tfmemopt._utils import format_bytes
 from tfmemopt.estimate import _long_sequences as long_sequences
 from tfmemopt.estimate._accumulation_buffers import accumulation_bytes
@@ -333,12 +334,10 @@ def _by_layer(step) -> list:
 
 
 def _compiled_metrics(model) -> list:
-    """Names of the metrics `model` was compiled with (its compile config);
-    [] where there are none or they cannot be read."""
-    if not getattr(model, "compiled", False):
-        return []
+    """Names of the metrics `model` was compiled with; [] where there are
+    none or its compile config cannot be read."""
     try:
-        config = model.get_compile_config() or {}
+        config = compiled_metrics(model)
     except Exception:  # noqa: BLE001 - a config that cannot be serialised
         return []
     names = []
@@ -357,6 +356,5 @@ def _compiled_metrics(model) -> list:
         elif item:
             names.append(str(getattr(item, "name", item)))
 
-    for key in ("metrics", "weighted_metrics"):
-        collect(config.get(key))
+    collect(list(config.values()))
     return names

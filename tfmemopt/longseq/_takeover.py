@@ -25,6 +25,7 @@ import tensorflow as tf
 
 from tfmemopt._compat import sublayers
 from tfmemopt._utils import check_int
+from tfmemopt._utils import compiled_metrics
 from tfmemopt.longseq._attention import DEFAULT_BLOCK_ELEMENTS
 from tfmemopt.longseq._attention import dot_product_attention
 from tfmemopt.longseq._head import _STATE
@@ -305,13 +306,13 @@ def check_compiled(model, chunked_loss) -> None:
     """Refuses compiled metrics (they need the logits) with chunked_loss."""
     if not chunked_loss or not getattr(model, "compiled", False):
         return
-    config = model.get_compile_config() or {}
-    metrics = [config.get("metrics"), config.get("weighted_metrics")]
-    if any(m for m in metrics):
+    metrics = compiled_metrics(model)
+    if any(metrics.values()):
         raise ValueError(
             "chunked_loss=True never forms the training logits, so compiled "
             f"metrics cannot be computed on them. Received: metrics="
-            f"{metrics[0]!r}, weighted_metrics={metrics[1]!r}. Compile "
+            f"{metrics.get('metrics')!r}, weighted_metrics="
+            f"{metrics.get('weighted_metrics')!r}. Compile "
             "without metrics and measure them with model.evaluate (which "
             "gives full logits), or construct the model without "
             "chunked_loss."

@@ -163,12 +163,11 @@ def build_report(
         # What the device held when it failed is about what it can hold.
         budget = report.device_memory["peak"] or None
     if budget is None:
-        held = report.device_memory
         why = (
             f"the device's peak at the failure reads 0 bytes ({device}'s "
             "allocator counted nothing before the error), so there is no "
             "memory budget"
-            if held is not None
+            if report.device_memory is not None
             else "no memory budget"
         )
         report.plan_error = report.plan_error or (
