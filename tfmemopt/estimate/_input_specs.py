@@ -206,8 +206,8 @@ def _output_shapes(model, in_specs):
 
 
 def _loss_and_target_specs(model, batch_size, in_specs, loss=None):
-    if loss is None:
-        loss = getattr(model, "loss", None)
+    # `loss`: the caller's (`_step_trace` falls back to the owner's and the
+    # model's compiled loss); mean squared error without one.
     try:
         loss_fn = keras.losses.get(loss) if loss is not None else None
     except (ValueError, TypeError):
