@@ -21,6 +21,7 @@ the one-device cases in-process and the multi-device ones in a subprocess
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shutil
@@ -248,8 +249,7 @@ class Case:
 
     def build(self):
         keras.utils.set_random_seed(1)
-        keras.config.set_dtype_policy(self.policy)
-        try:
+        with _global_policy(self.policy):
             model = _MODELS[self.model](**self.kwargs)
             if not model.built:
                 x, _ = self.data()
@@ -260,9 +260,17 @@ class Case:
                     from_logits=True
                 ),
             )
-        finally:
-            keras.config.set_dtype_policy("float32")
         return model
+
+
+@contextlib.contextmanager
+def _global_policy(policy):
+    """The global dtype policy `policy` inside, float32 after."""
+    keras.config.set_dtype_policy(policy)
+    try:
+        yield
+    finally:
+        keras.config.set_dtype_policy("float32")
 
 
 _MODELS = {
@@ -479,11 +487,8 @@ def _load(path, case):
     loss scale optimizer, under the global policy)."""
     if case.model != "keras":
         return keras.saving.load_model(path)
-    keras.config.set_dtype_policy(case.policy)
-    try:
+    with _global_policy(case.policy):
         return keras.saving.load_model(path)
-    finally:
-        keras.config.set_dtype_policy("float32")
 
 
 def _predict(model, x):
