@@ -21,6 +21,9 @@ import tempfile
 
 
 def worker():
+    # oneDNN's allocator keeps the CPU's memory statistics; TensorFlow
+    # enables it by default only on some CPUs (not on AMD).
+    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import keras
     import numpy as np

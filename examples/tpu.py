@@ -19,11 +19,17 @@ MirroredStrategy.
 
 from __future__ import annotations
 
-import keras
-import numpy as np
-import tensorflow as tf
+import os
 
-import tfmemopt
+# oneDNN's allocator keeps the CPU's memory statistics (when this runs on a
+# CPU); TensorFlow enables it by default only on some CPUs (not on AMD).
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import tfmemopt  # noqa: E402
 
 
 def main():

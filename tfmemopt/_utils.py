@@ -118,3 +118,31 @@ class ForwardsToInner:
             config, "inner_optimizer", custom_objects
         )
         return cls(inner, **config)
+
+
+# CPU features that give oneDNN native bfloat16 arithmetic: AVX512_BF16
+# (Intel Cooper Lake and later, AMD Zen 4 and later) and AMX (Intel Sapphire
+# Rapids and later). Without them TensorFlow's CPU kernels emulate bfloat16.
+NATIVE_BFLOAT16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def cpu_flags(path: str = "/proc/cpuinfo") -> frozenset | None:
+    """The first CPU's feature flags (Linux's `/proc/cpuinfo`), or None
+    where they cannot be read (another OS)."""
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        return None
+    return None
+
+
+def cpu_has_native_bfloat16(flags=None) -> bool | None:
+    """Whether this CPU computes bfloat16 natively (`NATIVE_BFLOAT16_FLAGS`):
+    True or False, or None where its flags cannot be read."""
+    flags = cpu_flags() if flags is None else flags
+    if flags is None:
+        return None
+    return any(flag in flags for flag in NATIVE_BFLOAT16_FLAGS)

@@ -433,7 +433,19 @@ def test_exposed_and_documented():
     ],
 )
 def test_estimate_tracks_the_measured_peak(name, variant, batch):
-    """Benchmark cases, loose bound: the estimator cannot drift."""
+    """Benchmark cases, loose bound: the estimator cannot drift.
+
+    The bfloat16 case needs a CPU with native bfloat16 (AVX512_BF16 or
+    AMX): elsewhere oneDNN emulates it and keeps float32 copies the
+    estimate leaves out, and says so in its notes (a 2-core AMD EPYC,
+    AVX2 only, measured 70.8 MiB against 41.2 estimated, -42%; CPUs with
+    both features agreed within 35%). There the test checks the note and
+    that the estimate is not above the measured peak (emulation only adds)."""
+    from tfmemopt._utils import cpu_has_native_bfloat16
+
+    emulated = variant == "mixed_bfloat16" and (
+        cpu_has_native_bfloat16() is False
+    )
     rows = run_in_subprocess(
         f"""
         import sys
@@ -446,4 +458,33 @@ def test_estimate_tracks_the_measured_peak(name, variant, batch):
     )
     [(measured, estimate)] = rows
     assert measured > 0
+    if emulated:
+        assert estimate <= measured, (estimate, measured)
+        return
     assert abs(estimate - measured) / measured <= 0.35
+
+
+def test_the_estimate_says_where_bfloat16_is_emulated():
+    """The note appears for a bfloat16 policy on a CPU without native
+    bfloat16 only (not with it, not on an accelerator, not in float32)."""
+    from tfmemopt._utils import cpu_has_native_bfloat16
+    from tfmemopt.estimate._estimate import _emulated_bfloat16_note
+
+    class S:
+        policy = keras.DTypePolicy("mixed_bfloat16")
+
+    note = _emulated_bfloat16_note(S, native=False, accelerators=False)
+    assert "emulated on this CPU" in note and "avx512_bf16" in note
+    assert _emulated_bfloat16_note(S, native=True, accelerators=False) is None
+    assert _emulated_bfloat16_note(S, native=False, accelerators=True) is None
+    S.policy = keras.DTypePolicy("bfloat16")
+    assert _emulated_bfloat16_note(S, native=False, accelerators=False)
+    S.policy = keras.DTypePolicy("float32")
+    assert _emulated_bfloat16_note(S, native=False, accelerators=False) is None
+    # The CPU's flags as /proc/cpuinfo gives them.
+    assert cpu_has_native_bfloat16(frozenset({"avx2", "fma"})) is False
+    assert cpu_has_native_bfloat16(frozenset({"avx2", "amx_bf16"})) is True
+    assert cpu_has_native_bfloat16(frozenset({"avx512_bf16"})) is True
+    est = estimate_memory(_mlp(), 8, policy="mixed_bfloat16")
+    noted = any("emulated on this CPU" in n for n in est.notes)
+    assert noted == (cpu_has_native_bfloat16() is False)

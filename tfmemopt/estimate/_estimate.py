@@ -19,8 +19,11 @@ from __future__ import annotations
 import warnings
 
 import keras
+import tensorflow as tf
 
+from tfmemopt._utils import NATIVE_BFLOAT16_FLAGS
 from tfmemopt._utils import compiled_metrics
+from tfmemopt._utils import cpu_has_native_bfloat16
 from tfmemopt._utils import format_bytes
 from tfmemopt.estimate import _long_sequences as long_sequences
 from tfmemopt.estimate._accumulation_buffers import accumulation_bytes
@@ -202,6 +205,9 @@ def estimate_memory(
             f"allocations below {format_bytes(s.floor)} not counted "
             "(min_counted_bytes): the allocator statistics' view"
         )
+    emulated = _emulated_bfloat16_note(s)
+    if emulated:
+        notes.append(emulated)
     activations = activation_bytes(model, traced, step, rescale, s, notes)
     metrics = _compiled_metrics(model)
     if metrics:
@@ -288,6 +294,40 @@ def estimate_memory(
         layers=_by_layer(step),
         notes=notes,
         run_ahead=int(run_ahead),
+    )
+
+
+def _emulated_bfloat16_note(s: Settings, native=None, accelerators=None):
+    """The note that the estimate is for native bfloat16, where the step
+    runs on a CPU that emulates it; else None.
+
+    Measured on a 2-core AMD EPYC (AVX2, no AVX512_BF16): the BatchNorm CNN
+    under `mixed_bfloat16` at batch 64 peaked at 70.8 MiB against an
+    estimate of 41.2 (-42%), where CPUs with AVX512_BF16 and AMX, and the
+    rest of the estimator's cases, agree within the test's 35%: oneDNN
+    converts bfloat16 tensors to float32 around its kernels there and keeps
+    the copies. The estimator does not model them; it estimates the step on
+    hardware with native bfloat16 (GPUs, TPUs, such CPUs).
+    """
+    if "bfloat16" not in (s.policy.compute_dtype, s.policy.variable_dtype):
+        return None
+    if accelerators is None:
+        accelerators = bool(
+            tf.config.list_physical_devices("GPU")
+            or tf.config.list_physical_devices("TPU")
+        )
+    if accelerators:
+        return None
+    native = cpu_has_native_bfloat16() if native is None else native
+    if native is not False:
+        return None
+    return (
+        "bfloat16 is emulated on this CPU (none of "
+        f"{', '.join(NATIVE_BFLOAT16_FLAGS)}): this estimate is for "
+        "hardware with native bfloat16 (a GPU, a TPU, or a CPU with those "
+        "features); here oneDNN keeps float32 copies around its kernels "
+        "that it does not count (a BatchNorm CNN measured 1.7x the "
+        "estimate)"
     )
 
 
