@@ -316,10 +316,11 @@ class _Window(WindowAccumulators):
         grads_and_vars = []
         for j, (v, kind) in enumerate(zip(self.variables, self.kinds)):
             if kind == "dense":
-                grads_and_vars.append((tf.cast(next(dense_it), v.dtype), v))
+                dtype = _dist.gradient_dtype(v)
+                grads_and_vars.append((tf.cast(next(dense_it), dtype), v))
             elif kind == "shared":
                 grad = tf.IndexedSlices(
-                    tf.cast(next(dense_it), v.dtype),
+                    tf.cast(next(dense_it), _dist.gradient_dtype(v)),
                     self.shared_indices[j],
                     dense_shape=tf.constant(list(v.shape), tf.int32),
                 )
@@ -327,7 +328,7 @@ class _Window(WindowAccumulators):
             elif kind == "sparse":
                 values, indices = next(sparse_it)
                 grad = tf.IndexedSlices(
-                    tf.cast(values, v.dtype),
+                    tf.cast(values, _dist.gradient_dtype(v)),
                     indices,
                     dense_shape=tf.constant(list(v.shape), tf.int32),
                 )

@@ -58,6 +58,46 @@ def _values(g):
     return g.values if isinstance(g, tf.IndexedSlices) else g
 
 
+def exchange_dtype(variable) -> tf.DType:
+    """The dtype in which `variable`'s gradient goes to the optimizer.
+
+    The variable's own, except a bfloat16 weight under several replicas:
+    float32 there. The optimizer all-reduces what it is given, and
+    TensorFlow's collectives take no bfloat16 (`CollectiveGatherV2`, which
+    sums an embedding's `IndexedSlices`, raises "DataType bfloat16 not in
+    list of allowed values"); summed in float32 the replicas' parts also
+    lose nothing to the sum (exact where a bfloat16 sum would round each
+    addition). The update then reads a float32 gradient, as it does on one
+    device after its own cast. A weight part under `shard_parameters` is
+    not all-reduced by the optimizer: its own dtype.
+    """
+    dtype = tf.as_dtype(variable.dtype)
+    if dtype != tf.bfloat16:
+        return dtype
+    ctx = tf.distribute.get_replica_context()
+    if ctx is None or ctx.num_replicas_in_sync <= 1:
+        return dtype
+    return tf.float32
+
+
+def in_exchange_dtype(grads):
+    """`grads` with every bfloat16 gradient (dense, or an `IndexedSlices`'
+    values) cast to float32 (see `exchange_dtype`)."""
+    out = []
+    for g in grads:
+        if g is None or _values(g).dtype != tf.bfloat16:
+            out.append(g)
+        elif isinstance(g, tf.IndexedSlices):
+            out.append(
+                tf.IndexedSlices(
+                    tf.cast(g.values, tf.float32), g.indices, g.dense_shape
+                )
+            )
+        else:
+            out.append(tf.cast(g, tf.float32))
+    return out
+
+
 def _scale(g, factor):
     if isinstance(g, tf.IndexedSlices):
         values = g.values * tf.cast(factor, g.values.dtype)
@@ -227,6 +267,7 @@ def prepare_gradients(grads, optimizer):
     ctx = _replica_context()
     if ctx.num_replicas_in_sync <= 1:
         return list(grads)
+    grads = in_exchange_dtype(grads)
     if clipping_of(optimizer) is not None:
         return clip_after_all_reduce(grads, optimizer)
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):

@@ -7,12 +7,15 @@ that knows about replicas lives here.
 - `on_compile()`: refuses `keras.distribution` on the TensorFlow backend.
 - `before_apply(grads_and_vars, optimizer)`: the cross-replica finite check
   and clipping after the all-reduce.
+- `gradient_dtype(variable)`: the dtype a gradient is handed to the
+  optimizer in (float32 for bfloat16 weights under several replicas).
 - `step_logs(logs)`: scalar logs that multi-worker reduction accepts.
 - `shard_parameters(model, optimizer, strategy)`: FSDP (`_param_shard`).
 """
 
 from __future__ import annotations
 
+from tfmemopt.distribute._gradients import exchange_dtype as gradient_dtype
 from tfmemopt.distribute._gradients import prepare_gradients
 from tfmemopt.distribute._keras_distribution import check_keras_distribution
 from tfmemopt.distribute._keras_fixes import MultiWorkerFitFixes as FitFixes
@@ -43,6 +46,7 @@ def before_apply(grads_and_vars, optimizer):
 __all__ = [
     "FitFixes",
     "before_apply",
+    "gradient_dtype",
     "on_compile",
     "shard_parameters",
     "step_logs",

@@ -42,6 +42,35 @@ from tfmemopt.distribute._shard_layout import Layout
 from tfmemopt.distribute._shard_state import all_gather_parts
 
 
+def _gather_bfloat16(ctx, part):
+    """`ctx.all_gather(part, axis=0)` for a bfloat16 `part`.
+
+    TensorFlow's gather collective takes no bfloat16, nor does the
+    all-reduce of the gradient of its `all_gather` (an embedding's or a
+    `MirroredStrategy` step failed with "DataType bfloat16 not in list of
+    allowed values"). The 16 bits travel as a float16 (a bitcast: every bit
+    pattern comes back as it was), and the gradient is summed in float32
+    (exact for the replicas' bfloat16 parts, where a bfloat16 sum would
+    round each addition), then this replica's slice is cast back.
+    """
+    size = int(part.shape[0])
+
+    @tf.custom_gradient
+    def gather(x):
+        gathered = ctx.all_gather(tf.bitcast(x, tf.float16), axis=0)
+
+        def grad(dy):
+            summed = ctx.all_reduce(
+                tf.distribute.ReduceOp.SUM, tf.cast(dy, tf.float32)
+            )
+            start = ctx.replica_id_in_sync_group * size
+            return tf.cast(summed[start : start + size], x.dtype)
+
+        return tf.bitcast(gathered, tf.bfloat16), grad
+
+    return gather(part)
+
+
 class ShardedValue:
     """What a sharded weight's `keras.Variable` holds instead of a variable.
 
@@ -85,7 +114,10 @@ class ShardedValue:
             # evaluate and predict steps under MultiWorkerMirroredStrategy).
             with tf.device(self._component(ctx).device):
                 part = tf.identity(part)
-        whole = ctx.all_gather(part, axis=0)
+        if part.dtype == tf.bfloat16:
+            whole = _gather_bfloat16(ctx, part)
+        else:
+            whole = ctx.all_gather(part, axis=0)
         blocks = tf.reshape(whole, [self.layout.replicas, self.layout.c])
         return self.layout.assemble(blocks)
 
