@@ -31,6 +31,7 @@ import numpy as np
 import tensorflow as tf
 
 import tfmemopt
+from tfmemopt.accumulation._adapters import lora_layers
 from tfmemopt.optimizers import Adafactor
 from tfmemopt.optimizers import AdamW8bit
 
@@ -210,6 +211,38 @@ def _adamw8bit_ema():
     )
 
 
+def _adamw():
+    return keras.optimizers.AdamW(1e-2, weight_decay=0.01)
+
+
+def _adamw8bit_stochastic():
+    # bfloat16 weights updated with stochastic rounding (#47): the smallest
+    # model state per device with shard_parameters.
+    return AdamW8bit(
+        1e-2,
+        weight_decay=0.01,
+        block_size=64,
+        min_8bit_size=64,
+        bf16_update="stochastic",
+    )
+
+
+def _enable_lora(model, rank):
+    """LoRA as a user enables it: keras-hub's `backbone.enable_lora` (the
+    rest frozen), or `enable_lora` on two Dense layers of a functional
+    model with the other layers frozen."""
+    if hasattr(getattr(model, "inner", None), "backbone"):
+        model.inner.backbone.enable_lora(rank)
+        return
+    for layer in model.layers:
+        if layer.weights:
+            layer.trainable = False
+    for name in ("d1", "d2"):
+        layer = model.get_layer(name)
+        layer.trainable = True
+        layer.enable_lora(rank)
+
+
 def _sharded(stage, inner):
     def make():
         return tfmemopt.ShardedOptimizer(inner(), stage=stage)
@@ -235,6 +268,8 @@ class Case:
     # falls mid-window, with a partial sum in the accumulators.
     batch: int = BATCH
     tokens: bool = False
+    # LoRA rank (0: none), enabled after the model is built (#47).
+    lora: int = 0
 
     def data(self):
         rng = np.random.default_rng(7)
@@ -254,6 +289,8 @@ class Case:
             if not model.built:
                 x, _ = self.data()
                 model(keras.tree.map_structure(lambda a: a[:1], x))
+            if self.lora:
+                _enable_lora(model, self.lora)
             model.compile(
                 optimizer=self.optimizer(),
                 loss=keras.losses.SparseCategoricalCrossentropy(
@@ -351,6 +388,38 @@ CASES = {
         },
         tokens=True,
     ),
+    # LoRA (#47): Keras folds the factors into the kernel when it saves and
+    # zeroes them when it loads; keras-hub's enable_lora is not in the
+    # backbone's config. tfmemopt keeps the layers, the flags and the
+    # factors. Keras AdamW, and AdamW8bit under bfloat16 weights.
+    "gpt2/lora+adamw": Case("gpt2", _adamw, tokens=True, lora=2),
+    "gpt2/lora+adamw8bit+bfloat16": Case(
+        "gpt2", _adamw8bit, policy="bfloat16", tokens=True, lora=2
+    ),
+    "functional/lora+adamw8bit+accumulation": Case(
+        "functional", _adamw8bit, {"accumulation_steps": 2}, lora=2
+    ),
+    "functional/lora+adamw+bfloat16": Case(
+        "functional", _adamw, policy="bfloat16", lora=2
+    ),
+    # bfloat16 weights with 8-bit state under MirroredStrategy (#47):
+    # TensorFlow's collectives take no bfloat16 (the embedding's gradient,
+    # IndexedSlices, is summed by an all-gather).
+    "gpt2/bfloat16+adamw8bit_stochastic+accumulation": Case(
+        "gpt2",
+        _adamw8bit_stochastic,
+        {"accumulation_steps": 2},
+        "bfloat16",
+        replicas=2,
+        tokens=True,
+    ),
+    "functional/shard_parameters+bfloat16+adamw8bit_stochastic": Case(
+        "functional",
+        _adamw8bit_stochastic,
+        {"shard_parameters": True},
+        "bfloat16",
+        replicas=2,
+    ),
     # ShardedOptimizer: one row for stage 2, 8-bit state, auto checkpointing
     # and accumulation together (stage 1 without accumulation is saved and
     # read at other replica counts in test_sharded_optimizer_checkpoints.py).
@@ -374,6 +443,38 @@ CASES = {
         replicas=2,
     ),
 }
+
+
+def _uses_tfmemopt_optimizer(case) -> bool:
+    made = case.optimizer()
+    return type(made).__module__.startswith("tfmemopt") or isinstance(
+        made, tfmemopt.AccumulatingOptimizer
+    )
+
+
+def rows(group: str) -> list:
+    """The names of a group of rows: `"keras_hub_and_lora"` (one device),
+    `"tfmemopt_optimizers"` (one device, the others),
+    `"keras_optimizers"` (one device, the rest), `"replicas"` (the rows
+    before #47 on 2 replicas) and `"bfloat16_replicas"` (bfloat16 weights
+    on 2 replicas, #47)."""
+    out = []
+    for name, case in CASES.items():
+        if case.replicas > 1:
+            kind = (
+                "bfloat16_replicas" if case.policy == "bfloat16" else "replicas"
+            )
+        elif case.model == "gpt2" or case.lora:
+            kind = "keras_hub_and_lora"
+        elif _uses_tfmemopt_optimizer(case):
+            kind = "tfmemopt_optimizers"
+        else:
+            kind = "keras_optimizers"
+        if kind == group:
+            out.append(name)
+    if not out:
+        raise ValueError(f"No round-trip rows in group {group!r}.")
+    return out
 
 
 def _weights(model) -> list:
@@ -519,6 +620,8 @@ def _features(model) -> dict:
         "chunked_head": getattr(
             getattr(model, "long_sequences", None), "head", None
         ),
+        "lora_layers": len(lora_layers(model)),
+        "trainable": len(model.trainable_variables),
         "policies": sorted(
             {layer.dtype_policy.name for layer in model.layers if layer.weights}
         ),

@@ -13,13 +13,11 @@ from tests.round_trip.test_round_trip import check
 
 pytestmark = pytest.mark.slow
 
-MULTI_DEVICE = [n for n, c in cases.CASES.items() if c.replicas > 1]
+MULTI_DEVICE = cases.rows("replicas")
 
 
-@pytest.fixture(scope="module")
-def multi_device_results(tmp_path_factory):
-    """Every multi-device case in one subprocess with 2 logical CPUs."""
-    workdir = str(tmp_path_factory.mktemp("round_trip"))
+def run_rows(names, workdir):
+    """Rows `names` in one subprocess with 2 logical CPUs."""
     return run_in_subprocess(
         f"""
         import os
@@ -29,12 +27,18 @@ def multi_device_results(tmp_path_factory):
         emit({{
             name: cases.run_case(name, os.path.join({workdir!r}, str(i)),
                                  strategy)
-            for i, name in enumerate({MULTI_DEVICE!r})
+            for i, name in enumerate({names!r})
         }})
         """,
         n_cpus=2,
         timeout=600,
     )
+
+
+@pytest.fixture(scope="module")
+def multi_device_results(tmp_path_factory):
+    """Every multi-device row (before #47) in one subprocess."""
+    return run_rows(MULTI_DEVICE, str(tmp_path_factory.mktemp("round_trip")))
 
 
 @pytest.mark.parametrize("name", MULTI_DEVICE)

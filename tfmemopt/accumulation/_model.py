@@ -15,6 +15,7 @@ import keras
 
 from tfmemopt._compat import functional_class
 from tfmemopt._utils import check_int
+from tfmemopt.accumulation import _adapters as adapters
 from tfmemopt.accumulation import _fit_hooks
 from tfmemopt.accumulation import _model_saving as saving
 from tfmemopt.accumulation import _window
@@ -372,18 +373,32 @@ class Model(_dist.FitFixes, keras.Model):
         logs = _window.run_window(self, x, y, sample_weight, plan)
         return _dist.step_logs(logs)
 
-    # -- saving (the SeedGenerator states too: _model_saving) -------------
+    # -- saving (the SeedGenerator states and LoRA factors too:
+    # _model_saving, _adapters) -------------------------------------------
     def save_own_variables(self, store):
         super().save_own_variables(store)
         saving.save_random_states(self, store)
+        adapters.save_factors(self, store)
 
     def load_own_variables(self, store):
-        rest, seeds = saving.without_seeds(store)
+        rest, factors = adapters.without_factors(store)
+        rest, seeds = saving.without_seeds(rest)
         super().load_own_variables(rest)
         saving.load_random_states(self, store, seeds)
+        adapters.load_factors(self, store, factors)
+
+    def build_from_config(self, config):
+        super().build_from_config(config)
+        # A subclassed model is built here, after `from_config`.
+        pending = self.__dict__.pop("_pending_adapters", None)
+        if pending is not None:
+            adapters.restore_adapters(self, pending)
 
     def get_config(self):
         config = super().get_config()
+        lora = adapters.adapter_config(self)
+        if lora is not None:
+            config["adapters"] = lora
         config.update(
             {
                 "chunked_loss": self._long_sequences[0],
@@ -404,6 +419,7 @@ class Model(_dist.FitFixes, keras.Model):
         chunked_loss = bool(config.pop("chunked_loss", False))
         attention = config.pop("attention", None)
         settings = {k: config.pop(k, None) for k in _CONFIG_KEYS}
+        lora = config.pop("adapters", None)
         if "layers" in config and "input_layers" in config:
             layers = list(config["layers"])  # `from_config` consumes them
             model = super().from_config(config, custom_objects=custom_objects)
@@ -416,14 +432,28 @@ class Model(_dist.FitFixes, keras.Model):
             model._shard_parameters = bool(settings["shard_parameters"])
             if settings["checkpointing"] is not None:
                 model._ensure_checkpointing()
+            adapters.restore_adapters(model, lora)
             return model
         settings["shard_parameters"] = bool(settings["shard_parameters"])
-        return cls(
+        model = cls(
             **config,
             **settings,
             chunked_loss=chunked_loss,
             attention=attention,
         )
+        model.restore_adapters_when_built(lora)
+        return model
+
+    def restore_adapters_when_built(self, config) -> None:
+        """Enables the saved LoRA layers and trainable flags (`config`,
+        from `_adapters.adapter_config`) now if the model is built, else
+        when `build_from_config` builds it."""
+        if not config:
+            return
+        if self.built:
+            adapters.restore_adapters(self, config)
+        else:
+            self.__dict__["_pending_adapters"] = config
 
 
 _FUNCTIONAL_VARIANTS = {}

@@ -86,4 +86,7 @@ class WrappedModel(Model):
         )
         model, config = pop_keras_object(config, "model", custom_objects)
         saving.restore_nested_policies(model, layers)
-        return cls(model, **config)
+        lora = config.pop("adapters", None)
+        wrapper = cls(model, **config)
+        wrapper.restore_adapters_when_built(lora)
+        return wrapper
