@@ -177,3 +177,42 @@ def test_refuses_a_lora_or_quantized_head(variant):
     match = "LoRA enabled" if variant == "lora" else "quantized"
     with pytest.raises(ValueError, match=match):
         wrapped.train_on_batch(x, y)
+
+
+@pytest.mark.parametrize(
+    "bad_label, ignore_class",
+    [(-100, None), (V, None), (V + 5, -100), (-1, 7)],
+)
+def test_labels_outside_the_vocabulary_are_refused(bad_label, ignore_class):
+    """Plain Keras raises on such a label; the chunked loss picked nothing
+    and trained silently (#47): -100 without ignore_class, a token id >= the
+    vocabulary."""
+    x, y, _ = _data()
+    y = y.copy()
+    y[2, 4] = bad_label
+    model = tfmemopt.Model.wrap(_functional(), chunked_loss=True)
+    model.compile(
+        keras.optimizers.SGD(0.5),
+        keras.losses.SparseCategoricalCrossentropy(
+            from_logits=True, ignore_class=ignore_class
+        ),
+    )
+    before = _weights(model)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="ignore_class"):
+        model.train_on_batch(x, y)
+    assert _diff(before, _weights(model)) == 0.0  # nothing was applied
+
+
+def test_the_ignore_class_label_trains():
+    x, y, _ = _data()
+    y = y.copy()
+    y[2, 4:] = -100
+    model = tfmemopt.Model.wrap(_functional(), chunked_loss=True)
+    model.compile(
+        keras.optimizers.SGD(0.5),
+        keras.losses.SparseCategoricalCrossentropy(
+            from_logits=True, ignore_class=-100
+        ),
+    )
+    loss = model.train_on_batch(x, y)
+    assert np.isfinite(loss)

@@ -112,11 +112,13 @@ class _HeadCall:
             labels = tf.squeeze(labels, -1)
         labels = tf.cast(labels, tf.int32)
         ignore = config.get("ignore_class")
+        kernel, bias, transpose, dtype = self._weights()
+        vocabulary = int(kernel.shape[0] if transpose else kernel.shape[-1])
+        labels = checked_labels(labels, vocabulary, ignore)
         valid = None
         if ignore is not None:
             valid = tf.not_equal(labels, ignore)
             labels = tf.where(valid, labels, 0)
-        kernel, bias, transpose, dtype = self._weights()
         values = linear_cross_entropy(
             hidden,
             kernel,
@@ -143,6 +145,38 @@ class _HeadCall:
         bias = tf.convert_to_tensor(layer.bias) if layer.use_bias else None
         kernel = tf.convert_to_tensor(layer.kernel)
         return kernel, bias, False, layer.compute_dtype
+
+
+def checked_labels(labels, vocabulary: int, ignore=None):
+    """`labels`, once every label (but `ignore`) is in `[0, vocabulary)`.
+
+    The chunked loss picks each label's logit by index; a label outside the
+    vocabulary picked nothing and trained silently (`-100`, the other
+    ecosystem's ignore index, without `ignore_class`; a tokenizer larger
+    than the model), where Keras's own loss raises. Checked on the device,
+    once per batch (one reduction over the labels), inside the step; XLA
+    compiles the check away (`tf.debugging.Assert` has no XLA kernel), as
+    it does Keras's.
+    """
+    bad = tf.logical_or(labels < 0, labels >= vocabulary)
+    if ignore is not None:
+        bad = tf.logical_and(bad, tf.not_equal(labels, ignore))
+    message = (
+        f"chunked_loss=True: every label must be a class index in [0, "
+        f"{vocabulary}) (the head's vocabulary), or the loss's "
+        f"ignore_class (now {ignore!r}). A label of -100 is the ignore "
+        "index of PyTorch and Hugging Face: compile with "
+        "keras.losses.SparseCategoricalCrossentropy(from_logits=True, "
+        "ignore_class=-100). A label >= the vocabulary means the "
+        "tokenizer's vocabulary is larger than the model's. Smallest and "
+        "largest label of the batch:"
+    )
+    check = tf.debugging.Assert(
+        tf.logical_not(tf.reduce_any(bad)),
+        [message, tf.reduce_min(labels), tf.reduce_max(labels)],
+    )
+    with tf.control_dependencies([check]):
+        return tf.identity(labels)
 
 
 def head_of(y_pred):
