@@ -88,6 +88,23 @@ def in_xla_function() -> bool:
     return False
 
 
+def optimization_barrier(tensors: list) -> list:
+    """XLA's optimization barrier over `tensors` (returned, one each).
+
+    Nothing computed from the outputs can be moved before the barrier, nor
+    merged with what was computed from the inputs before it: what
+    `jax.checkpoint` puts around a recompute's inputs and the incoming
+    gradient, so that XLA neither hoists the recompute into the forward
+    pass nor merges it with the forward ops it repeats (common-
+    subexpression elimination). Only under XLA (`in_xla_function`). It is
+    TensorFlow's `XlaOptimizationBarrier`, reached through
+    `tensorflow.compiler.tf2xla.python.xla` (not in `tf.raw_ops`).
+    """
+    from tensorflow.compiler.tf2xla.python import xla
+
+    return list(xla.optimization_barrier(*tensors))
+
+
 _LOSS_SCALE_HOOKS: list = []
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from tfmemopt import _compat
 from tfmemopt.accumulation import _loss_normalization as ln
 from tfmemopt.accumulation._micro_batching import slice_batch
 from tfmemopt.accumulation._window_accumulators import WindowAccumulators
@@ -45,9 +46,18 @@ def _after(acc, value):
     control flow: a micro-batch whose slice start is a constant would start
     its forward pass while the previous micro-batch is still alive. Making
     the start depend on the accumulators keeps them strictly one at a time.
+
+    XLA keeps no control dependencies: there the start comes out of an
+    optimization barrier with the accumulators, a data dependency its
+    scheduler keeps (it unrolled a loop of one micro-batch and ran the
+    next micro-batch's forward pass beside the previous one's backward).
     """
+    value = tf.cast(value, tf.int32)
+    if _compat.in_xla_function():
+        flat = [t for t in tf.nest.flatten(acc) if t is not None]
+        return _compat.optimization_barrier(flat + [value])[-1]
     with tf.control_dependencies(tf.nest.flatten(acc)):
-        return tf.identity(tf.cast(value, tf.int32))
+        return tf.identity(value)
 
 
 class _Window(WindowAccumulators):
@@ -256,7 +266,12 @@ class _Window(WindowAccumulators):
                 acc, list(loop_vars[: len(flat)])
             )
             arrays = list(loop_vars[len(flat) :])
-            new, rows = self._step_and_add(current, i * size, size)
+            # XLA unrolls a loop of a few iterations; the start waits for
+            # the accumulators so that one micro-batch still ends before
+            # the next begins (4 micro-batches: 116.5 MiB without, 0.43x
+            # of plain Keras under XLA).
+            start = _after(current, i * size)
+            new, rows = self._step_and_add(current, start, size)
             flat_rows = [t for group in rows for pair in group for t in pair]
             arrays = [a.write(i - 1, t) for a, t in zip(arrays, flat_rows)]
             return [i + 1] + tf.nest.flatten(new) + arrays

@@ -39,6 +39,8 @@ from typing import Sequence
 import keras
 import tensorflow as tf
 
+from tfmemopt import _compat
+
 _local = threading.local()
 
 
@@ -91,6 +93,8 @@ def _after(tensors: Sequence[tf.Tensor], grads: Sequence) -> list:
     folds into its operand (none is left in the optimized HLO of a 9-layer
     MLP): there the recompute's timing is XLA's scheduler's.
     """
+    if _compat.in_xla_function():
+        return _after_under_xla(tensors, grads)
     probe = None
     for g in grads:
         if g is not None and g.dtype.is_floating and g.shape.rank != 0:
@@ -114,6 +118,46 @@ def _after(tensors: Sequence[tf.Tensor], grads: Sequence) -> list:
         whole.set_shape(t.shape)
         out.append(whole)
     return out
+
+
+def _after_under_xla(tensors, grads) -> list:
+    """`_after` where XLA compiles the step.
+
+    The slice `_after` uses elsewhere declares its offset a compile-time
+    constant to XLA, which then read the offset's sources, the segment's
+    weights among them, as constants: the step was compiled again after
+    every update (4-20 s a step on small models, a first `fit` of a
+    4-block transformer not done in 15 minutes), or refused ("Expected
+    size[0] in [0, 63], but got 64").
+
+    Here each floating tensor gets a zero added that is computed from the
+    incoming gradient (`0 * g[0]`: XLA does not fold a float multiplication
+    by zero, which NaN and inf would break). The recompute then reads other
+    values than the forward pass, so XLA's common-subexpression elimination
+    cannot merge the two (with an optimization barrier alone, as
+    `jax.checkpoint` uses, XLA on CPU expands the barrier before that pass
+    and merged them: 68 dots before optimization, 48 after, as many as
+    without checkpointing, and the same peak), and it cannot run before
+    the gradient exists. The barrier is kept for the backends that schedule
+    around it. Costs one element-wise add per input while the segment's
+    backward runs.
+    """
+    tensors = list(tensors)
+    probe = None
+    for g in grads:
+        if g is not None and g.dtype.is_floating:
+            probe = tf.reshape(g, [-1])[0] if g.shape.rank else g
+            break
+    if not tensors or probe is None:
+        return tensors
+    zero = tf.cast(probe, tf.float32) * 0.0
+    n = len(tensors)
+    barred = _compat.optimization_barrier(tensors + [zero])
+    tensors, zero = barred[:n], barred[n]
+    return [
+        t + tf.cast(zero, t.dtype) if t.dtype.is_floating else t
+        for t in tensors
+    ]
 
 
 def _parts_after(values: list, parts: list, ready: Sequence) -> list:
