@@ -98,9 +98,7 @@ def plain_under_xla():
 )
 def test_equals_plain_keras_under_xla(options, plain_under_xla):
     want_losses, want, floor, update = plain_under_xla
-    got_losses, got = _train(
-        _transformer(tfmemopt.Model, **options), jit=True
-    )
+    got_losses, got = _train(_transformer(tfmemopt.Model, **options), jit=True)
     assert update > 1e-3
     assert _diff(got, want) <= max(4 * floor, 2**-20 * update), (
         _diff(got, want),
