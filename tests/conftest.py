@@ -225,26 +225,54 @@ def step_peak():
     return measure_step_peak
 
 
+DURATIONS = os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "durations.json"
+)
+
+
+def _recorded_durations() -> dict:
+    """Seconds each test file took in a recorded run (tests/durations.json,
+    written by `python tests/record_durations.py LOG` from the output of
+    `pytest --durations=0`); {} without it."""
+    try:
+        with open(DURATIONS) as f:
+            return json.load(f).get("files", {})
+    except (OSError, ValueError):
+        return {}
+
+
 def pytest_collection_modifyitems(config, items):
-    """Test modules with a test marked `slow` run first, each module's tests
-    together and in their order (module-scoped fixtures are set up once).
+    """Test files run longest first, each file's tests together and in
+    their order (module-scoped fixtures are set up once).
 
     `make test` hands whole test files to three workers (`--dist loadfile`),
-    the next file to whichever is free: with the long ones first, no worker
-    is left running a long test alone at the end, and a module-scoped
-    fixture is set up once (split between workers, the multi-worker and
-    mirrored fixtures ran twice: 100 s). Since pytest-xdist 3.5 the
-    scheduler reorders the files by their number of tests, which puts the
-    long one-test files last (one worker ran the 97 s FSDP test alone while
-    the other sat idle for 53 s at the end); `--no-loadscope-reorder`
-    (pytest-xdist >= 3.8, in the Makefile) keeps this order.
+    the next file to whichever is free. Longest first is the classic rule
+    for that (each worker ends within about one short file of the others):
+    the order comes from tests/durations.json, the files' recorded seconds;
+    a file not recorded yet goes with the others marked `slow` (before the
+    rest) if it has such a test. The order was "files with a slow test
+    first, alphabetically" before: on a 2-core AMD machine the suite took
+    17.6 minutes, one worker running the 4-minute FSDP file alone at the
+    end. Since pytest-xdist 3.5 the scheduler reorders the files by their
+    number of tests; `--no-loadscope-reorder` (pytest-xdist >= 3.8, in the
+    Makefile) keeps this order.
     """
+    recorded = _recorded_durations()
     slow_modules = {
         item.module.__name__
         for item in items
         if item.get_closest_marker("slow") is not None
     }
-    items.sort(key=lambda item: item.module.__name__ not in slow_modules)
+
+    def key(item):
+        path = os.path.relpath(str(item.path), ROOT).replace(os.sep, "/")
+        seconds = recorded.get(path)
+        if seconds is None:
+            # Unrecorded: a slow file as if it took a minute, else a second.
+            seconds = 60.0 if item.module.__name__ in slow_modules else 1.0
+        return -seconds
+
+    items.sort(key=key)
 
 
 def pytest_collection_finish(session):
