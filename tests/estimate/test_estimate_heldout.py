@@ -44,15 +44,23 @@ def test_heldout_cases_within_a_generous_bound():
     which were counted twice: +56% before) and a wide-and-deep MLP with
     three inputs (SGD with momentum 0.9). Each within 25% of its measured
     peak (the held-out table's worst is far inside that: the bound is
-    for regressions, not for the table's accuracy)."""
-    # Both children at once: each is its own process, so neither sees the
-    # other's allocations.
-    procs = [
-        _case("conv1d", "base", "32"),
-        _case("wide_deep", "sgd_momentum", "1024"),
+    for regressions, not for the table's accuracy).
+
+    The wide-and-deep model's peak moves between processes: the same
+    model at batch 512 peaked at 21.8 to 26.5 MiB in 7 fresh processes
+    (1.22x; at batch 4096, 1.49x; benchmarks/estimator_spread.json), and
+    one run in the suite read -25.7% where the table reads -12.7%. It is
+    measured in three processes and the estimate compared with their
+    median, as the spread benchmark does; the bound is unchanged."""
+    # Every child at once: each is its own process, so none sees the
+    # others' allocations.
+    procs = [_case("conv1d", "base", "32")] + [
+        _case("wide_deep", "sgd_momentum", "1024") for _ in range(3)
     ]
     rows = [_row(p) for p in procs]
-    for row in rows:
-        assert row["measured"] > 0, row
-        error = (row["estimate"] - row["measured"]) / row["measured"]
+    conv, deep = rows[0], rows[1:]
+    measured = sorted(r["measured"] for r in deep)[1]
+    for row, peak in ((conv, conv["measured"]), (deep[0], measured)):
+        assert peak > 0, row
+        error = (row["estimate"] - peak) / peak
         assert abs(error) <= 0.25, (row["model"], row["batch"], error)
