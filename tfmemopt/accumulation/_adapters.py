@@ -32,8 +32,10 @@ from __future__ import annotations
 import warnings
 
 from tfmemopt._compat import sublayers
+from tfmemopt.accumulation._model_saving import split_keys
 
 FACTOR_KEY = "lora_"
+_PENDING = "_pending_adapters"
 
 
 def lora_layers(model) -> list:
@@ -93,6 +95,25 @@ def restore_adapters(model, config) -> None:
             weight.trainable = flag
 
 
+def restore_when_built(model, config) -> None:
+    """`restore_adapters` now if `model` is built, else when it is built
+    (`restore_pending`, from `build_from_config`: a subclassed model is
+    built after `from_config`)."""
+    if not config:
+        return
+    if model.built:
+        restore_adapters(model, config)
+    else:
+        model.__dict__[_PENDING] = config
+
+
+def restore_pending(model) -> None:
+    """Restores what `restore_when_built` left for the model's build."""
+    pending = model.__dict__.pop(_PENDING, None)
+    if pending is not None:
+        restore_adapters(model, pending)
+
+
 def save_factors(model, store) -> None:
     """Writes every LoRA layer's weights, unfolded, into `store`."""
     i = 0
@@ -104,13 +125,7 @@ def save_factors(model, store) -> None:
 
 def without_factors(store) -> tuple[dict, list]:
     """`(store without the LoRA keys, the LoRA keys in order)`."""
-    keys = list(store.keys())
-    factors = sorted(
-        (k for k in keys if k.startswith(FACTOR_KEY)),
-        key=lambda k: int(k[len(FACTOR_KEY) :]),
-    )
-    rest = {k: store[k] for k in keys if not k.startswith(FACTOR_KEY)}
-    return rest, factors
+    return split_keys(store, FACTOR_KEY)
 
 
 def load_factors(model, store, keys) -> None:

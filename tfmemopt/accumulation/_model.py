@@ -389,10 +389,7 @@ class Model(_dist.FitFixes, keras.Model):
 
     def build_from_config(self, config):
         super().build_from_config(config)
-        # A subclassed model is built here, after `from_config`.
-        pending = self.__dict__.pop("_pending_adapters", None)
-        if pending is not None:
-            adapters.restore_adapters(self, pending)
+        adapters.restore_pending(self)  # a subclassed model's LoRA layers
 
     def get_config(self):
         config = super().get_config()
@@ -441,19 +438,8 @@ class Model(_dist.FitFixes, keras.Model):
             chunked_loss=chunked_loss,
             attention=attention,
         )
-        model.restore_adapters_when_built(lora)
+        adapters.restore_when_built(model, lora)
         return model
-
-    def restore_adapters_when_built(self, config) -> None:
-        """Enables the saved LoRA layers and trainable flags (`config`,
-        from `_adapters.adapter_config`) now if the model is built, else
-        when `build_from_config` builds it."""
-        if not config:
-            return
-        if self.built:
-            adapters.restore_adapters(self, config)
-        else:
-            self.__dict__["_pending_adapters"] = config
 
 
 _FUNCTIONAL_VARIANTS = {}

@@ -30,15 +30,21 @@ def save_random_states(model, store) -> None:
         store[f"{SEED_KEY}{i}"] = state
 
 
+def split_keys(store, prefix: str) -> tuple[dict, list]:
+    """`(store without the `<prefix><i>` keys, those keys in order of i)`:
+    what the model writes beside its own variables (`seed_`, `lora_`)."""
+    keys = list(store.keys())
+    own = sorted(
+        (k for k in keys if k.startswith(prefix)),
+        key=lambda k: int(k[len(prefix) :]),
+    )
+    rest = {k: store[k] for k in keys if not k.startswith(prefix)}
+    return rest, own
+
+
 def without_seeds(store) -> tuple[dict, list]:
     """`(store without the seed keys, the seed keys in order)`."""
-    keys = list(store.keys())
-    seeds = sorted(
-        (k for k in keys if k.startswith(SEED_KEY)),
-        key=lambda k: int(k[len(SEED_KEY) :]),
-    )
-    rest = {k: store[k] for k in keys if not k.startswith(SEED_KEY)}
-    return rest, seeds
+    return split_keys(store, SEED_KEY)
 
 
 def load_random_states(model, store, seeds) -> None:

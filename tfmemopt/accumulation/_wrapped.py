@@ -6,6 +6,7 @@ import keras
 
 from tfmemopt._compat import call_takes
 from tfmemopt._utils import pop_keras_object
+from tfmemopt.accumulation import _adapters as adapters
 from tfmemopt.accumulation import _model_saving as saving
 from tfmemopt.accumulation._model import Model
 
@@ -88,5 +89,5 @@ class WrappedModel(Model):
         saving.restore_nested_policies(model, layers)
         lora = config.pop("adapters", None)
         wrapper = cls(model, **config)
-        wrapper.restore_adapters_when_built(lora)
+        adapters.restore_when_built(wrapper, lora)
         return wrapper
