@@ -89,20 +89,12 @@ def _after(tensors: Sequence[tf.Tensor], grads: Sequence) -> list:
     `tf.where(keep, t, t)` allocated a copy of every segment input while the
     original was still alive: 64 MiB more for a 64 MiB input, measured),
     grappler cannot fold it away since the offset is not a constant. Under
-    XLA it enters as a `DynamicSlice` of static size, which XLA's optimizer
-    folds into its operand (none is left in the optimized HLO of a 9-layer
-    MLP): there the recompute's timing is XLA's scheduler's.
+    XLA, where that slice made the weights compile-time constants, see
+    `_after_under_xla`.
     """
     if _compat.in_xla_function():
         return _after_under_xla(tensors, grads)
-    probe = None
-    for g in grads:
-        if g is not None and g.dtype.is_floating and g.shape.rank != 0:
-            probe = tf.reshape(g, [-1])[:1]
-            break
-        if g is not None and g.dtype.is_floating:
-            probe = tf.reshape(g, [1])
-            break
+    probe = _probe(grads)
     if probe is None:
         with tf.control_dependencies([g for g in grads if g is not None]):
             return [tf.identity(t) for t in tensors]
@@ -118,6 +110,17 @@ def _after(tensors: Sequence[tf.Tensor], grads: Sequence) -> list:
         whole.set_shape(t.shape)
         out.append(whole)
     return out
+
+
+def _probe(grads):
+    """One element (shape [1]) of the first floating incoming gradient, or
+    None: what the recompute is made to wait for."""
+    for g in grads:
+        if g is not None and g.dtype.is_floating:
+            if g.shape.rank == 0:
+                return tf.reshape(g, [1])
+            return tf.reshape(g, [-1])[:1]
+    return None
 
 
 def _after_under_xla(tensors, grads) -> list:
@@ -143,14 +146,10 @@ def _after_under_xla(tensors, grads) -> list:
     backward runs.
     """
     tensors = list(tensors)
-    probe = None
-    for g in grads:
-        if g is not None and g.dtype.is_floating:
-            probe = tf.reshape(g, [-1])[0] if g.shape.rank else g
-            break
+    probe = _probe(grads)
     if not tensors or probe is None:
         return tensors
-    zero = tf.cast(probe, tf.float32) * 0.0
+    zero = tf.cast(probe[0], tf.float32) * 0.0
     n = len(tensors)
     barred = _compat.optimization_barrier(tensors + [zero])
     tensors, zero = barred[:n], barred[n]

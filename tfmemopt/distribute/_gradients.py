@@ -68,8 +68,9 @@ def exchange_dtype(variable) -> tf.DType:
     list of allowed values"); summed in float32 the replicas' parts also
     lose nothing to the sum (exact where a bfloat16 sum would round each
     addition). The update then reads a float32 gradient, as it does on one
-    device after its own cast. A weight part under `shard_parameters` is
-    not all-reduced by the optimizer: its own dtype.
+    device after its own cast. A weight part under `shard_parameters`
+    (summed already, not all-reduced by the optimizer) is handed over in
+    float32 too.
     """
     dtype = tf.as_dtype(variable.dtype)
     if dtype != tf.bfloat16:
@@ -78,24 +79,6 @@ def exchange_dtype(variable) -> tf.DType:
     if ctx is None or ctx.num_replicas_in_sync <= 1:
         return dtype
     return tf.float32
-
-
-def in_exchange_dtype(grads):
-    """`grads` with every bfloat16 gradient (dense, or an `IndexedSlices`'
-    values) cast to float32 (see `exchange_dtype`)."""
-    out = []
-    for g in grads:
-        if g is None or _values(g).dtype != tf.bfloat16:
-            out.append(g)
-        elif isinstance(g, tf.IndexedSlices):
-            out.append(
-                tf.IndexedSlices(
-                    tf.cast(g.values, tf.float32), g.indices, g.dense_shape
-                )
-            )
-        else:
-            out.append(tf.cast(g, tf.float32))
-    return out
 
 
 def _scale(g, factor):
@@ -267,7 +250,6 @@ def prepare_gradients(grads, optimizer):
     ctx = _replica_context()
     if ctx.num_replicas_in_sync <= 1:
         return list(grads)
-    grads = in_exchange_dtype(grads)
     if clipping_of(optimizer) is not None:
         return clip_after_all_reduce(grads, optimizer)
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):

@@ -40,6 +40,7 @@ from tfmemopt.distribute._param_shard_state import local_replica_ids
 from tfmemopt.distribute._param_shard_state import write_parts
 from tfmemopt.distribute._shard_layout import Layout
 from tfmemopt.distribute._shard_state import all_gather_parts
+from tfmemopt.distribute._shard_state import gather_bits
 
 
 def _gather_bfloat16(ctx, part):
@@ -48,16 +49,16 @@ def _gather_bfloat16(ctx, part):
     TensorFlow's gather collective takes no bfloat16, nor does the
     all-reduce of the gradient of its `all_gather` (an embedding's or a
     `MirroredStrategy` step failed with "DataType bfloat16 not in list of
-    allowed values"). The 16 bits travel as a float16 (a bitcast: every bit
-    pattern comes back as it was), and the gradient is summed in float32
-    (exact for the replicas' bfloat16 parts, where a bfloat16 sum would
-    round each addition), then this replica's slice is cast back.
+    allowed values"). The bits travel as `gather_bits` sends them, and
+    the gradient is summed in float32 (exact for the replicas' bfloat16
+    parts, where a bfloat16 sum would round each addition), then this
+    replica's slice is cast back.
     """
     size = int(part.shape[0])
 
     @tf.custom_gradient
     def gather(x):
-        gathered = ctx.all_gather(tf.bitcast(x, tf.float16), axis=0)
+        gathered = gather_bits(ctx, x)
 
         def grad(dy):
             summed = ctx.all_reduce(
@@ -66,7 +67,7 @@ def _gather_bfloat16(ctx, part):
             start = ctx.replica_id_in_sync_group * size
             return tf.cast(summed[start : start + size], x.dtype)
 
-        return tf.bitcast(gathered, tf.bfloat16), grad
+        return gathered, grad
 
     return gather(part)
 

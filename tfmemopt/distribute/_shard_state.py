@@ -28,6 +28,17 @@ def replica_id(ctx) -> int:
     return int(value)
 
 
+def gather_bits(ctx, flat):
+    """`ctx.all_gather(flat, axis=0)`, also for bfloat16: the gather
+    collective takes none, so its 16 bits travel as a float16 (a bitcast:
+    every bit pattern comes back as it was). Not differentiable for
+    bfloat16 (`_param_shard` gives that gather its gradient)."""
+    if flat.dtype != tf.bfloat16:
+        return ctx.all_gather(flat, axis=0)
+    gathered = ctx.all_gather(tf.bitcast(flat, tf.float16), axis=0)
+    return tf.bitcast(gathered, tf.bfloat16)
+
+
 def all_gather_parts(ctx, parts, replicas: int):
     """All-gathers equal-length flat parts in one collective.
 
@@ -41,14 +52,7 @@ def all_gather_parts(ctx, parts, replicas: int):
     """
     sizes = [int(p.shape[0]) for p in parts]
     flat = tf.concat(parts, 0) if len(parts) > 1 else parts[0]
-    dtype = flat.dtype
-    if dtype == tf.bfloat16:
-        # The gather collective takes no bfloat16: its 16 bits travel as a
-        # float16 (a copy, so every bit pattern comes back as it was).
-        flat = tf.bitcast(flat, tf.float16)
-    gathered = ctx.all_gather(flat, axis=0)
-    if dtype == tf.bfloat16:
-        gathered = tf.bitcast(gathered, tf.bfloat16)
+    gathered = gather_bits(ctx, flat)
     blocks = tf.reshape(gathered, [replicas, sum(sizes)])
     out, start = [], 0
     for size in sizes:
