@@ -178,9 +178,15 @@ def _sgd():
     )
 
 
-def _adamw8bit():
+def _adamw8bit(bf16_update=None):
     # min_8bit_size=64: this tiny model's kernels get 8-bit codes too.
-    return AdamW8bit(1e-2, weight_decay=0.01, block_size=64, min_8bit_size=64)
+    return AdamW8bit(
+        1e-2,
+        weight_decay=0.01,
+        block_size=64,
+        min_8bit_size=64,
+        bf16_update=bf16_update,
+    )
 
 
 def _adafactor():
@@ -188,13 +194,7 @@ def _adafactor():
 
 
 def _adamw8bit_kahan():
-    return AdamW8bit(
-        1e-2,
-        weight_decay=0.01,
-        block_size=64,
-        min_8bit_size=64,
-        bf16_update="kahan",
-    )
+    return _adamw8bit(bf16_update="kahan")
 
 
 def _adamw8bit_ema():
@@ -218,13 +218,7 @@ def _adamw():
 def _adamw8bit_stochastic():
     # bfloat16 weights updated with stochastic rounding (#47): the smallest
     # model state per device with shard_parameters.
-    return AdamW8bit(
-        1e-2,
-        weight_decay=0.01,
-        block_size=64,
-        min_8bit_size=64,
-        bf16_update="stochastic",
-    )
+    return _adamw8bit(bf16_update="stochastic")
 
 
 def _enable_lora(model, rank):

@@ -154,9 +154,9 @@ def checked_labels(labels, vocabulary: int, ignore=None):
     vocabulary picked nothing and trained silently (`-100`, the other
     ecosystem's ignore index, without `ignore_class`; a tokenizer larger
     than the model), where Keras's own loss raises. Checked on the device,
-    once per batch (one reduction over the labels), inside the step; XLA
-    compiles the check away (`tf.debugging.Assert` has no XLA kernel), as
-    it does Keras's.
+    once per batch (one reduction over the labels), inside the step. Not
+    checked under XLA: the chunked loss does not compile there yet
+    (docs/xla.md).
     """
     bad = tf.logical_or(labels < 0, labels >= vocabulary)
     if ignore is not None:
