@@ -17,12 +17,27 @@ FAST = ["kio_text_transformer", "kio_captcha_ctc", "hub_gpt2_causal_lm"]
 SLOW = [name for name in CLIENTS if name not in FAST]
 
 
+# `make test` trains three clients, one per kind of model the others
+# repeat (a keras-io transformer, the CTC model with its own loss layer,
+# a keras-hub causal LM); `make test-full` all eight (#51).
+_EXTENDED = pytest.mark.extended(
+    reason="another client through the same accumulation path; make test "
+    "trains three"
+)
+
+
 def _params(names, slow):
-    marks = [pytest.mark.slow] if slow else []
+    marks = [pytest.mark.slow, _EXTENDED] if slow else []
     return [pytest.param(n, marks=marks, id=n) for n in names]
 
 
 CASES = _params(FAST, False) + _params(SLOW, True)
+# Every client, none extended (test_clients_checkpointing.py: "auto" on
+# each architecture is a check of its own).
+ALL_CLIENTS = [
+    pytest.param(n, marks=[pytest.mark.slow] if n in SLOW else [], id=n)
+    for n in FAST + SLOW
+]
 
 
 @pytest.mark.parametrize("name", CASES)

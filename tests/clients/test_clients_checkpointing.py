@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 
 from . import checks
-from .test_clients import CASES
+from .test_clients import ALL_CLIENTS
 
 
-@pytest.mark.parametrize("name", CASES)
+@pytest.mark.parametrize("name", ALL_CLIENTS)
 def test_checkpointing_gradients_equal_plain(name):
     out = checks.checkpointing(name)
     assert len(out["report"].segments) >= 2, str(out["report"])
