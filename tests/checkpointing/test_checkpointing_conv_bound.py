@@ -66,6 +66,10 @@ def test_conv_bn_residual_stack_within_1e_6():
 
 
 @pytest.mark.slow
+@pytest.mark.extended(
+    reason="the documented bound measured on ResNet50; make test checks "
+    "a conv/batch-norm residual stack to 1e-6 and MobileNetV2 (#51)"
+)
 def test_resnet50_within_the_documented_bound():
     model = keras.applications.ResNet50(
         weights=None, input_shape=(32, 32, 3), classes=10

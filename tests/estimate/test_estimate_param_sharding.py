@@ -218,6 +218,11 @@ emit(out)
 """
 
 
+@pytest.mark.extended(
+    reason="a measurement of the estimate against the allocator on 2 "
+    "replicas; the estimate of sharded variables is checked in make test "
+    "(test_estimate_equals_the_variables_of_a_sharded_model)"
+)
 def test_accumulation_under_sharding_adds_what_the_estimate_adds():
     # Two logical CPUs share one allocator: their step peaks add up, so
     # the measured rise from accumulation is two replicas' accumulators
