@@ -12,6 +12,7 @@ import threading
 import keras
 import tensorflow as tf
 
+from tfmemopt import _compat
 from tfmemopt._compat import sublayers
 from tfmemopt.longseq._linear_cross_entropy import linear_cross_entropy
 
@@ -114,7 +115,11 @@ class _HeadCall:
         ignore = config.get("ignore_class")
         kernel, bias, transpose, dtype = self._weights()
         vocabulary = int(kernel.shape[0] if transpose else kernel.shape[-1])
-        labels = checked_labels(labels, vocabulary, ignore)
+        under_xla = _compat.in_xla_function()
+        if under_xla:
+            bad = _outside(labels, vocabulary, ignore)
+        else:
+            labels = checked_labels(labels, vocabulary, ignore)
         valid = None
         if ignore is not None:
             valid = tf.not_equal(labels, ignore)
@@ -128,6 +133,10 @@ class _HeadCall:
             chunk_elements=report.chunk_elements,
             compute_dtype=dtype,
         )
+        if under_xla:
+            # An XLA step cannot raise (it drops `Assert`): the loss of a
+            # label outside the vocabulary is NaN, as Keras's own is there.
+            values = values + tf.where(bad, float("nan"), 0.0)
         if valid is not None:
             values = tf.where(valid, values, 0.0)
             values._keras_mask = valid
@@ -154,13 +163,11 @@ def checked_labels(labels, vocabulary: int, ignore=None):
     vocabulary picked nothing and trained silently (`-100`, the other
     ecosystem's ignore index, without `ignore_class`; a tokenizer larger
     than the model), where Keras's own loss raises. Checked on the device,
-    once per batch (one reduction over the labels), inside the step. Not
-    checked under XLA: the chunked loss does not compile there yet
-    (docs/xla.md).
+    once per batch (one reduction over the labels), inside the step. Under
+    XLA, which cannot raise inside a step, `token_losses` makes such a
+    label's loss NaN instead, as Keras's own loss is there.
     """
-    bad = tf.logical_or(labels < 0, labels >= vocabulary)
-    if ignore is not None:
-        bad = tf.logical_and(bad, tf.not_equal(labels, ignore))
+    bad = _outside(labels, vocabulary, ignore)
     message = (
         f"chunked_loss=True: every label must be a class index in [0, "
         f"{vocabulary}) (the head's vocabulary), or the loss's "
@@ -177,6 +184,14 @@ def checked_labels(labels, vocabulary: int, ignore=None):
     )
     with tf.control_dependencies([check]):
         return tf.identity(labels)
+
+
+def _outside(labels, vocabulary: int, ignore=None):
+    """Where a label is not a class index of the head, nor `ignore`."""
+    bad = tf.logical_or(labels < 0, labels >= vocabulary)
+    if ignore is not None:
+        bad = tf.logical_and(bad, tf.not_equal(labels, ignore))
+    return bad
 
 
 def head_of(y_pred):

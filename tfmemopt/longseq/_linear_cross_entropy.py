@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from tfmemopt import _compat
+
 # Logits elements (tokens x vocabulary) per chunk: 4 Mi floats is 16 MiB a
 # copy. Chunks are sized in elements, not tokens: a fixed token count is
 # either too small for a small vocabulary (slow) or too large for a big one.
@@ -73,7 +75,8 @@ def linear_cross_entropy(
     b = tf.zeros((vocab,), dtype) if bias is None else tf.cast(bias, dtype)
     y = tf.reshape(tf.cast(labels, tf.int32), [-1])
     rows = chunk_rows(vocab, chunk_elements)
-    losses = _chunked(h, w, b, y, rows, transpose_kernel, bias is not None)
+    chunked = _chunked_xla if _compat.in_xla_function() else _chunked
+    losses = chunked(h, w, b, y, rows, transpose_kernel, bias is not None)
     out = tf.reshape(losses, lead_shape)
     out.set_shape(static_lead)
     return out
@@ -199,6 +202,121 @@ def _chunked(h, w, b, y, rows, transpose, with_bias):
                 db = tf.reshape(tf.cast(db_ta.concat(), b.dtype), b.shape)
             else:
                 db = tf.zeros_like(b)
+            return tf.cast(dh, h.dtype), dw, db
+
+        return loss, grad
+
+    return forward(h, w, b)
+
+
+def _chunked_xla(h, w, b, y, rows, transpose, with_bias):
+    """`_chunked` for a step XLA compiles (#46).
+
+    XLA needs every slice's size at compile time. The blocks' width comes
+    from the token count, which XLA knows (it compiles for one shape), but
+    `_chunked`'s last block is cut short where the vocabulary ends (a size
+    that depends on the loop's counter), its backward pass finds the labels
+    of a block with `tf.where` (a data-dependent shape) and writes the
+    kernel's gradient with `InplaceUpdate` (no XLA kernel). Here the loops
+    run over whole blocks and the last block (1 to a block's width) comes
+    after them, the
+    label's entry is subtracted through a one-hot of the block's width, and
+    the gradients' rows are scattered into their buffers (in place: XLA
+    updates a loop's buffer where it lives). Same arithmetic, same blocks.
+    """
+
+    @tf.custom_gradient
+    def forward(h, w, b):
+        n = tf.shape(h)[0]
+        vocab = b.shape[0]
+        depth = h.shape[-1]
+        cols = tf.minimum(
+            vocab, tf.maximum(1, (rows * vocab) // tf.maximum(n, 1))
+        )
+        # The loop's blocks, then the last one, 1 to `cols` wide (never
+        # empty: XLA has no gather from a block without columns).
+        full = (vocab - 1) // cols
+        tail = vocab - full * cols
+
+        def block(start, width):
+            if transpose:
+                w_blk = tf.slice(w, [start, 0], [width, depth])
+            else:
+                w_blk = tf.slice(w, [0, start], [depth, width])
+            logits = tf.matmul(h, w_blk, transpose_b=transpose)
+            if with_bias:
+                logits = logits + tf.slice(b, [start], [width])
+            return w_blk, tf.cast(logits, tf.float32)
+
+        def update(start, width, top, total, target):
+            _, logits = block(start, width)
+            new_top = tf.maximum(top, tf.reduce_max(logits, axis=-1))
+            total = total * tf.exp(top - new_top) + tf.reduce_sum(
+                tf.exp(logits - new_top[:, None]), axis=-1
+            )
+            inside = tf.logical_and(y >= start, y < start + width)
+            local = tf.clip_by_value(y - start, 0, width - 1)
+            picked = tf.gather(logits, local, axis=1, batch_dims=1)
+            return new_top, total, tf.where(inside, picked, target)
+
+        def body(j, top, total, target):
+            return (j + 1, *update(j * cols, cols, top, total, target))
+
+        zeros = tf.zeros([n], tf.float32)
+        _, top, total, target = tf.while_loop(
+            lambda j, *_: j < full,
+            body,
+            [tf.constant(0), zeros - float("inf"), zeros, zeros],
+            parallel_iterations=1,
+        )
+        top, total, target = update(full * cols, tail, top, total, target)
+        lse = top + tf.math.log(total)
+        loss = lse - target
+
+        def grad(upstream):
+            up = tf.cast(upstream, tf.float32)[:, None]
+
+            def block_grads(start, width, dh, dw, db):
+                w_blk, logits = block(start, width)
+                local = y - start
+                inside = tf.logical_and(local >= 0, local < width)
+                label = tf.one_hot(
+                    tf.where(inside, local, -1), width, dtype=tf.float32
+                )
+                d = (tf.exp(logits - lse[:, None]) - label) * up
+                d_c = tf.cast(d, w.dtype)
+                dh = dh + tf.cast(
+                    tf.matmul(d_c, w_blk, transpose_b=not transpose),
+                    tf.float32,
+                )
+                at = (start + tf.range(width))[:, None]
+                dw = tf.tensor_scatter_nd_update(
+                    dw, at, tf.matmul(d_c, h, transpose_a=True)
+                )
+                if with_bias:
+                    db = tf.tensor_scatter_nd_update(
+                        db, at, tf.reduce_sum(d, axis=0)
+                    )
+                return dh, dw, db
+
+            def gbody(j, dh, dw, db):
+                return (j + 1, *block_grads(j * cols, cols, dh, dw, db))
+
+            _, dh, dw, db = tf.while_loop(
+                lambda j, *_: j < full,
+                gbody,
+                [
+                    tf.constant(0),
+                    tf.zeros(tf.shape(h), tf.float32),
+                    tf.zeros([vocab, depth], w.dtype),
+                    tf.zeros([vocab], tf.float32),
+                ],
+                parallel_iterations=1,
+            )
+            dh, dw, db = block_grads(full * cols, tail, dh, dw, db)
+            if not transpose:
+                dw = tf.transpose(dw)
+            db = tf.cast(db, b.dtype) if with_bias else tf.zeros_like(b)
             return tf.cast(dh, h.dtype), dw, db
 
         return loss, grad
