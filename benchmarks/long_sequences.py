@@ -113,6 +113,9 @@ def build(kind, variant, seq_len):
     model.compile(
         keras.optimizers.Adam(1e-4),
         keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        # XLA (Keras's choice on one GPU) with JIT_COMPILE=1; main runs
+        # each cell with and without it.
+        jit_compile=os.environ.get("JIT_COMPILE") == "1",
     )
     model.train_on_batch(x, y)  # traced and warmed up
     return model, x, y

@@ -105,6 +105,16 @@ def optimization_barrier(tensors: list) -> list:
     return list(xla.optimization_barrier(*tensors))
 
 
+def dynamic_update_slice(tensor, update, starts: list):
+    """`tensor` with `update` written at `starts` (XLA's
+    DynamicUpdateSlice: in place on a loop's buffer). Only under XLA
+    (`in_xla_function`); reached through
+    `tensorflow.compiler.tf2xla.python.xla`, as `optimization_barrier`."""
+    from tensorflow.compiler.tf2xla.python import xla
+
+    return xla.dynamic_update_slice(tensor, update, tf.stack(starts))
+
+
 _LOSS_SCALE_HOOKS: list = []
 
 
