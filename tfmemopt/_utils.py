@@ -146,3 +146,32 @@ def cpu_has_native_bfloat16(flags=None) -> bool | None:
     if flags is None:
         return None
     return any(flag in flags for flag in NATIVE_BFLOAT16_FLAGS)
+
+
+def step_regime(model) -> str | None:
+    """How `model`'s train step runs: `"xla"` (compiled by XLA,
+    `jit_compile=True`; Keras's choice for `"auto"` on one GPU or a TPU),
+    `"graph"` (TensorFlow's graph executor), or `None` before `compile`."""
+    if model is None or not getattr(model, "compiled", False):
+        return None
+    try:
+        return "xla" if model.jit_compile is True else "graph"
+    except Exception:  # noqa: BLE001 - a report asks, it never fails
+        return None
+
+
+def auto_jit_compile_here() -> bool:
+    """What `compile(jit_compile="auto")` picks on this machine for a model
+    outside `tf.distribute`: XLA where a GPU or TPU is visible (Keras 3's
+    rule), the graph executor on a CPU-only machine."""
+    import tensorflow as tf
+
+    return any(
+        d.device_type != "CPU" for d in tf.config.list_physical_devices()
+    )
+
+
+REGIME_TEXT = {
+    "xla": "XLA (jit_compile=True)",
+    "graph": "TensorFlow's graph executor (jit_compile=False)",
+}

@@ -71,8 +71,22 @@ def test_doctor_reports_versions_devices_and_policy(capsys):
         "mixed_float16",
         "mixed_bfloat16",
     )
+    # No GPU or TPU here: Keras's jit_compile="auto" is off (#46).
+    assert report["auto_jit_compile"] is bool(
+        tf.config.list_physical_devices("GPU")
+        or tf.config.list_physical_devices("TPU")
+    )
     assert cli.main(["doctor"]) == 0
-    assert "configure('auto') would choose" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "configure('auto') would choose" in text
+    regime = (
+        "XLA here"
+        if report["auto_jit_compile"]
+        else "TensorFlow's graph executor here"
+    )
+    assert f"compile(jit_compile='auto') runs the step under {regime}" in (
+        " ".join(text.split())
+    )
 
 
 def test_estimate_table_and_settings_in_process(tmp_path, capsys):

@@ -84,3 +84,7 @@ def test_oom_report_and_doctor_say_so(tmp_path, capsys):
     assert main(["doctor", path]) == 0
     text = capsys.readouterr().out
     assert f"Precision of {path}:" in text and "no step at all" in text
+    # Compiled without jit_compile on a CPU-only machine: the graph
+    # executor (#46: doctor says which regime the saved model's step runs).
+    assert out["regime"] == "graph"
+    assert f"{path}'s step runs under: TensorFlow's graph executor" in text

@@ -11,6 +11,7 @@ import tensorflow as tf
 
 import tfmemopt
 from tfmemopt.tuning._oom import OutOfMemoryError
+from tfmemopt.tuning._oom import build_report
 from tfmemopt.tuning._oom import fit_batch_size
 from tfmemopt.tuning._oom import is_oom
 from tfmemopt.tuning._planner import MARGIN
@@ -74,6 +75,25 @@ def test_forced_oom_in_tfmemopt_model_fit_raises_the_report():
     # The model is usable afterwards at a batch that fits.
     history = model.fit(x, y, batch_size=16, verbose=0)
     assert np.isfinite(history.history["loss"][0])
+
+
+@pytest.mark.parametrize("jit_compile", [False, True], ids=["graph", "xla"])
+def test_the_report_says_which_regime_the_step_ran_in(jit_compile):
+    """#46: the estimate and the plan model the graph executor; under XLA
+    the report says so."""
+    model = tfmemopt.Model(*layers(threshold=16))
+    model.compile("adam", "mse", jit_compile=jit_compile)
+    error = tf.errors.ResourceExhaustedError(None, None, "OOM when allocating")
+    report = build_report(error, model, batch_size=64)
+    assert report.regime == ("xla" if jit_compile else "graph")
+    if jit_compile:
+        assert "step ran under: XLA (jit_compile=True)" in report.text
+        assert "model the graph executor" in report.text
+    else:
+        assert "step ran under: TensorFlow's graph executor" in report.text
+        assert "model the graph executor" not in report.text
+    uncompiled = build_report(error, tfmemopt.Model(*layers(threshold=16)), 64)
+    assert uncompiled.regime is None and "step ran under" not in uncompiled.text
 
 
 @pytest.mark.parametrize(

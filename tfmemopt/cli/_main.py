@@ -252,6 +252,10 @@ def doctor_report() -> dict:
             report["auto_policy"] = {"policy": policy, "why": why}
         except Exception as e:  # doctor reports, it never crashes
             report["auto_policy"] = {"policy": None, "why": repr(e)}
+    from tfmemopt._utils import auto_jit_compile_here
+
+    # The regime Keras picks for compile(jit_compile="auto") here.
+    report["auto_jit_compile"] = auto_jit_compile_here()
     report["sharding"] = _sharding(report["devices"])
     return report
 
@@ -305,6 +309,20 @@ def _doctor_text(report: dict) -> str:
     else:
         lines.append(f"configure('auto') would choose {auto['policy']}")
         lines.append(f"  because: {auto['why']}")
+    if "auto_jit_compile" in report:
+        lines.append(
+            "compile(jit_compile='auto') runs the step under "
+            + (
+                "XLA here (a GPU or TPU is visible; not under tf.distribute)"
+                if report["auto_jit_compile"]
+                else "TensorFlow's graph executor here (no GPU or TPU)"
+            )
+        )
+    if "regime" in report:
+        from tfmemopt._utils import REGIME_TEXT
+
+        regime = REGIME_TEXT.get(report["regime"], "unknown (not compiled)")
+        lines.append(f"{report['model']}'s step runs under: {regime}")
     if report.get("sharding"):
         from tfmemopt.tuning._state_options import sharding_lines
 
@@ -336,8 +354,11 @@ def _doctor(args) -> int:
         model = load_saved_model(args.model, "doctor", imports=args.imports)
         if model is None:
             return 2
+        from tfmemopt._utils import step_regime
+
         report["model"] = args.model
         report["precision"] = doctor_model(model)
+        report["regime"] = step_regime(model)
     if args.json:
         print(json.dumps(report, indent=2, default=str))
     else:

@@ -20,8 +20,10 @@ from typing import Iterator
 import tensorflow as tf
 
 from tfmemopt import memory
+from tfmemopt._utils import REGIME_TEXT
 from tfmemopt._utils import check_int
 from tfmemopt._utils import format_mib as _mib
+from tfmemopt._utils import step_regime
 from tfmemopt.accumulation import Model
 from tfmemopt.accumulation._fit_hooks import add_fit_hook
 from tfmemopt.estimate import estimate_memory
@@ -50,6 +52,9 @@ class OOMReport:
         plan_error: Str, why there is no plan (`""` when there is one).
         precision: List of `Finding`: bfloat16 weights whose optimizer
             makes no step or rounds it away (see `check_precision`).
+        regime: `"xla"` or `"graph"`: whether the model's step was
+            compiled by XLA (`jit_compile`), or `None` (no model, or not
+            compiled).
     """
 
     error: str
@@ -60,6 +65,7 @@ class OOMReport:
     plan: object = None
     plan_error: str = ""
     precision: list = dataclasses.field(default_factory=list)
+    regime: str | None = None
 
     @property
     def text(self) -> str:
@@ -67,6 +73,13 @@ class OOMReport:
         lines = [f"Out of memory on {self.device}: {self.error}"]
         if self.batch_size is not None:
             lines.append(f"  batch size: {self.batch_size}")
+        if self.regime is not None:
+            lines.append(f"  step ran under: {REGIME_TEXT[self.regime]}")
+            if self.regime == "xla" and self.estimate is not None:
+                lines.append(
+                    "  (the estimate and the plan model the graph "
+                    "executor; XLA's peak can differ: docs/xla.md)"
+                )
         if self.device_memory is not None:
             lines.append(
                 f"  device memory at failure: "
@@ -132,6 +145,7 @@ def build_report(
         report.device_memory = memory.device_memory(device)
     except Exception:  # noqa: BLE001
         report.device_memory = None
+    report.regime = step_regime(model)
     if model is not None:
         try:
             report.precision = low_precision_update_findings(
