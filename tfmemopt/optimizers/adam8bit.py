@@ -328,7 +328,9 @@ class Adam8bit(_common.StateOptimizer):
         if bounds is None:
             step = compiled_whole(self._hyper())
         else:
-            step = compiled_pieces(self._hyper(), *bounds)
+            step = compiled_pieces(
+                self._hyper(), *bounds, in_place=_compat.in_xla_function()
+            )
         codes, absmax, delta = step(
             tf.reshape(tf.cast(grad, tf.float32), [-1]),
             [tf.convert_to_tensor(c) for c, _ in local],
