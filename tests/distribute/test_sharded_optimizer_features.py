@@ -26,18 +26,21 @@ CASES = {
         accumulation=2),
     "ema_overwrite": dict(make_opt=lambda: keras.optimizers.Adam(
         1e-2, use_ema=True, ema_momentum=0.9, ema_overwrite_frequency=3)),
-    "ema_finalize": dict(make_opt=lambda: keras.optimizers.SGD(
-        0.05, momentum=0.9, use_ema=True, ema_momentum=0.8)),
     "global_clipnorm": dict(make_opt=lambda: keras.optimizers.Adam(
         1e-2, global_clipnorm=0.05)),
-    "clipnorm": dict(make_opt=lambda: keras.optimizers.SGD(
-        0.05, clipnorm=0.02)),
+    # Per-variable clipping and the EMA swapped in when `fit` ends, in one
+    # case: measured at 2 replicas, one device without the EMA was 0.63 of
+    # the change away and one device without the clipping 20.7 (the sharded
+    # run 3.7e-6; plain Keras under the strategy, clipping each replica's
+    # part, 0.75).
+    "clipnorm_ema_finalize": dict(make_opt=lambda: keras.optimizers.SGD(
+        0.05, momentum=0.9, clipnorm=0.02, use_ema=True, ema_momentum=0.8)),
     "accumulation_spe_3": dict(make_opt=lambda: keras.optimizers.AdamW(1e-2),
                                accumulation=2, spe=3),
 }
 # Compared with one device only (the unwrapped run under the strategy is
 # covered by the neighbouring cases).
-ONE_DEVICE_ONLY = ("ema_finalize", "accumulation_spe_3")
+ONE_DEVICE_ONLY = ("accumulation_spe_3",)
 out = {}
 # The one-device run of a case is deterministic (seed 0, same data): stage 2
 # below compares with the same weights instead of training them again.
@@ -64,7 +67,8 @@ for name in ("global_clipnorm", "schedule_weight_decay_accumulation",
 
 # mixed_float16 with accumulation, 2 epochs, and an overflow on replica 1
 # only (sample 8 of batch 0 goes to replica 1 of 2): the step is skipped on
-# every replica and the scale halves (once per epoch), as on one device
+# every replica and the scale halves (once per pass over the data: `train`
+# runs the 2 epochs as one Keras epoch of the data twice), as on one device
 # (tfmemopt.Model shares the finite check; ShardedOptimizer also checks the
 # summed gradient itself); the other 10 steps train as one device does.
 # (This run also stands for a mixed_float16 case without an overflow,
@@ -128,7 +132,10 @@ def train_lookup(strategy, layer, sharded, init=None):
         m.compile(loss="mse", optimizer=(
             ShardedOptimizer(opt) if sharded else opt))
     w0 = [w.numpy() for w in m.trainable_weights]
-    m.fit(ids, ty[:, :1], batch_size=8, epochs=3, shuffle=False, verbose=0)
+    # 3 passes over the 16 samples as one Keras epoch (the same 6 batches
+    # as epochs=3 with shuffle=False; one distributed iterator, not 3).
+    m.fit(np.tile(ids, (3, 1)), np.tile(ty[:, :1], (3, 1)), batch_size=8,
+          shuffle=False, verbose=0)
     return w0, [w.numpy() for w in m.trainable_weights]
 w0, a = train_lookup(STRATEGY, lambda: keras.layers.Embedding(10, 3), True)
 _, d = train_lookup(ONE, OneHotLookup, False, init=w0)
@@ -149,20 +156,21 @@ def test_features_two_replicas():
     # sits in a cond around a merge_call); the sharded run matches one device.
     assert "keras_error" in out["ema_overwrite"], out["ema_overwrite"]
     assert out["ema_overwrite"]["vs_one_device"] <= 1e-5, out["ema_overwrite"]
-    for name in ("ema_finalize", "accumulation_spe_3"):
-        assert out[name]["vs_one_device"] <= 1e-5, (name, out[name])
+    r = out["accumulation_spe_3"]
+    assert r["vs_one_device"] <= 1e-5, r
     r = out["schedule_weight_decay_accumulation"]
     assert r["vs_unwrapped"] <= 1e-5, r
     assert r["vs_one_device"] <= max(2 * r["keras_gap"], 1e-6), r
     # Clipping: the sharded update clips the summed gradient, as one device
     # does; plain Keras clips each replica's part (a visible difference).
-    for name in ("global_clipnorm", "clipnorm"):
+    # clipnorm_ema_finalize also ends on the EMA, as one device does.
+    for name in ("global_clipnorm", "clipnorm_ema_finalize"):
         r = out[name]
         assert r["vs_one_device"] <= 1e-5, (name, r)
         assert r["keras_gap"] > 100 * max(r["vs_one_device"], 1e-7), (name, r)
     r = out["inf_on_one_replica"]
     assert r["finite"], r
-    # 2**15 halved once per epoch (batch 0 overflows in both).
+    # 2**15 halved once per pass over the data (batch 0 overflows in both).
     assert r["scale"][0] == r["scale"][1] == 2.0**13, r
     assert r["iterations"][0] == r["iterations"][1] == 10, r
     assert r["vs_one_device"] <= max(2 * r["keras_gap"], 1e-3), r
