@@ -7,7 +7,9 @@ per optimizer: sharded under the strategy, unsharded under the strategy
 close to one device as Keras's own run under the strategy is (the floor,
 measured in the same run). It also counts the bytes of every live
 variable on each device, checks whole weights through get/set_weights,
-and that with no strategy nothing changes, bit for bit.
+that with no strategy nothing changes, bit for bit, and the optimizers
+and models that are refused. The same at 4 replicas (a checkpoint written
+at 2 resumed there, 1/4 of the bytes per device) is an `extended` test.
 """
 
 import math
@@ -80,7 +82,6 @@ OPTS = {
     "adamw": adamw,
     "sgd_global_clipnorm": lambda m: keras.optimizers.SGD(
         0.05, momentum=0.9, global_clipnorm=0.05),
-    "adam": lambda m: keras.optimizers.Adam(1e-2),
     "adam_ema": lambda m: keras.optimizers.Adam(
         keras.optimizers.schedules.ExponentialDecay(1e-2, 1, 0.8),
         use_ema=True, ema_momentum=0.9),
@@ -92,16 +93,17 @@ OPTS = {
 from tests.distribute._live_variables import Made
 
 
-def train(strategy, name, shard, epochs=2, wrap=False, steps=1, n=32):
+def train(strategy, name, shard, epochs=2, wrap=False, steps=1, n=32,
+          checkpointing=None, callbacks=()):
     # n=30: batches of 16 and 14, whose size is known only at run time.
     keras.utils.set_random_seed(0)
     with strategy.scope(), Made() as made:
-        m = make_model(shard, wrap, steps=steps)
+        m = make_model(shard, wrap, checkpointing=checkpointing, steps=steps)
         m.compile(optimizer=OPTS[name](m.inner if wrap else m), loss="mse")
     w0 = [np.array(w) for w in m.get_weights()]
     with made:
         m.fit(X[:n], Y[:n], batch_size=16, epochs=epochs, shuffle=False,
-              verbose=0)
+              verbose=0, callbacks=list(callbacks))
     w = [np.array(v) for v in m.get_weights()]
     return w0, w, made.live_bytes(), m
 
@@ -120,6 +122,15 @@ def fit(m, epochs, **kwargs):
     m.fit(X, Y, batch_size=16, epochs=epochs, shuffle=False, verbose=0,
           **kwargs)
     return [np.array(w) for w in m.get_weights()]
+
+
+def backup():
+    # Passed to the first 2 epochs of the AdamW8bit run that
+    # save_and_continue continues: its backup (save_weights at the end of
+    # epoch 1, kept) is where an interrupted run of the same 4 epochs
+    # would restart from.
+    return keras.callbacks.BackupAndRestore(
+        f"{D}/backup", delete_checkpoint=False)
 
 
 def save_and_continue(m, w2):
@@ -149,25 +160,17 @@ def resumed_runs(strategy):
     return out
 
 
-class Stop(keras.callbacks.Callback):
-    def on_epoch_begin(self, epoch, logs=None):
-        if epoch == 2:
-            raise RuntimeError("interrupted")
-
-
 def backup_and_restore(strategy):
-    backup = f"{D}/backup"
-    for interrupt in (True, False):
-        keras.utils.set_random_seed(0)
-        with strategy.scope():
-            m = make_model(True)
-            m.compile(optimizer=OPTS["adamw8bit"](m), loss="mse")
-        callbacks = [keras.callbacks.BackupAndRestore(backup)]
-        try:
-            w = fit(m, 4, callbacks=callbacks + [Stop()] * interrupt)
-        except RuntimeError:
-            pass
-    return resume_gap(w)
+    # A new model asked for 4 epochs restores the backup() of epoch 1 and
+    # runs epochs 2 and 3 only (a run from scratch would equal too).
+    keras.utils.set_random_seed(0)
+    with strategy.scope():
+        m = make_model(True)
+        m.compile(optimizer=OPTS["adamw8bit"](m), loss="mse")
+    hist = m.fit(X, Y, batch_size=16, epochs=4, shuffle=False, verbose=0,
+                 callbacks=[keras.callbacks.BackupAndRestore(f"{D}/backup")])
+    w = [np.array(v) for v in m.get_weights()]
+    return {"gap": resume_gap(w), "epochs": hist.epoch}
 """
 
 ITEM1 = """
@@ -181,10 +184,27 @@ def built_bytes(name, shard):
     return made.live_bytes()
 
 
+from tfmemopt.distribute import _param_shard
+_gather = _param_shard.ShardedValue.whole_from_part
+# Activation checkpointing (the AdamW run checkpoints d2): the recompute
+# in the backward pass gathers the checkpointed layer's weights again
+# (counted while the step traces).
+gathers = {}
+def counting(self, part):
+    gathers[self.name] = gathers.get(self.name, 0) + 1
+    return _gather(self, part)
+
+
 out = {}
 for name in ("adamw", "sgd_global_clipnorm", "adamw8bit"):
     wrap = name == "sgd_global_clipnorm"
-    w0, a, bytes_sharded, ms = train(STRATEGY, name, True, wrap=wrap)
+    if name == "adamw":
+        _param_shard.ShardedValue.whole_from_part = counting
+    w0, a, bytes_sharded, ms = train(
+        STRATEGY, name, True, wrap=wrap,
+        checkpointing=["d2"] if name == "adamw" else None,
+        callbacks=[backup()] if name == "adamw8bit" else ())
+    _param_shard.ShardedValue.whole_from_part = _gather
     row = {
         "bytes_sharded": bytes_sharded,
         "shapes": [list(x.shape) for x in a],
@@ -211,9 +231,12 @@ for name in ("adamw", "sgd_global_clipnorm", "adamw8bit"):
     _, c, _, _ = train(ONE, name, False, wrap=wrap)
     row["vs_one"] = rel(a, c, w0)
     if name == "adamw":
-        # The floor: Keras's own optimizer under the strategy.
+        # The floor: Keras's own optimizer under the strategy (and no
+        # checkpointing: recomputing d2 must not change the update).
         _, b, row["bytes_plain"], _ = train(STRATEGY, name, False)
         row["keras_floor"] = rel(b, c, w0)
+        out["checkpointing"] = {"gathers": gathers,
+                                "vs_unsharded": rel(a, b, w0)}
         # No strategy: shard_parameters=True changes nothing, bit for bit.
         _, d, _, m1 = train(ONE, "adamw", True)
         out["one_device"] = {
@@ -224,6 +247,15 @@ for name in ("adamw", "sgd_global_clipnorm", "adamw8bit"):
     elif name == "adamw8bit":
         row["bytes_plain"] = built_bytes(name, False)
     out[name] = row
+
+
+class Last(keras.callbacks.Callback):
+    # The weights as the last epoch ends: fit replaces them by their
+    # moving averages only after that (finalize_variable_values).
+    def on_epoch_end(self, epoch, logs=None):
+        self.weights = [np.array(w) for w in self.model.get_weights()]
+
+
 # Accumulation (2 micro-batches per replica, traced one by one) against
 # the full batch on one device, with EMA and a schedule (one step per
 # window), on batches of run-time size (16 and 14). Each replica
@@ -232,11 +264,11 @@ for name in ("adamw", "sgd_global_clipnorm", "adamw8bit"):
 # The floor is the same accumulation unsharded under the strategy: Adam
 # amplifies the order of the sums (measured: 2.6e-4 of the change there,
 # 1.5e-4 sharded, 6.7e-5 for Keras's own without accumulation).
-w0, c, _, _ = train(ONE, "adam_ema", False, n=30)
+last = Last()
+w0, c, _, _ = train(ONE, "adam_ema", False, n=30, callbacks=[last])
 _, b, _, _ = train(STRATEGY, "adam_ema", False, steps=2, n=30)
 # Each micro-batch's gathers wait for the previous one's accumulation
 # (counted while the step traces).
-from tfmemopt.distribute import _param_shard
 _ordered, waits = _param_shard.ordered, []
 def recording_order(part):
     out = _ordered(part)
@@ -245,30 +277,11 @@ def recording_order(part):
 _param_shard.ordered = recording_order
 _, e, _, me = train(STRATEGY, "adam_ema", True, steps=2, n=30)
 _param_shard.ordered = _ordered
-_, f, _, _ = train(ONE, "adam", False, n=30)
 out["ema"] = {"vs_one": rel(e, c, w0), "floor": rel(b, c, w0),
-              "ema_vs_none": rel(f, c, w0),
+              "ema_vs_none": rel(last.weights, c, w0),
               "iterations": int(me.optimizer.iterations.numpy()),
               "gathers_waiting": sum(waits),
               "accumulated": [list(v.shape) for v in me.trainable_variables]}
-# Activation checkpointing: the recompute in the backward pass gathers
-# the checkpointed layer's weights again (counted while the step traces).
-from tfmemopt.distribute import _param_shard
-gathers = {}
-_gather = _param_shard.ShardedValue.whole_from_part
-def counting(self, part):
-    gathers[self.name] = gathers.get(self.name, 0) + 1
-    return _gather(self, part)
-_param_shard.ShardedValue.whole_from_part = counting
-w = {}
-for shard in (True, False):
-    keras.utils.set_random_seed(0)
-    with STRATEGY.scope():
-        m = make_model(shard, checkpointing=["d2"])
-        m.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse")
-    w[shard] = fit(m, 2)
-out["checkpointing"] = {
-    "gathers": gathers, "vs_unsharded": rel(w[True], w[False], w0)}
 # mixed_float16: each weight is gathered in its layer's compute dtype; the
 # update is as close to one device as Keras's own under the strategy.
 dtypes = {}
@@ -291,32 +304,13 @@ out["mixed_float16"] = {
     "vs_one": rel(w[(False, True)], w[(True, False)], w0),
     "keras_floor": rel(w[(False, False)], w[(True, False)], w0),
 }
-# Checkpoints written at R=2 after 2 epochs, resumed for 2 more: at R=2
+# The checkpoint written at R=2 after 2 epochs, resumed for 2 more: at R=2
 # by BackupAndRestore (save_weights / load_weights), with no strategy
-# from the .keras file (and at R=4 in the other subprocess).
+# from the .keras file (at R=4 in the extended test).
 out["resume"] = {"backup_and_restore": backup_and_restore(STRATEGY)}
 out["resume_one_device"] = resumed_runs(ONE)
-emit(out)
-"""
-
-AT_FOUR = """
-out = {}
-# The R=2 checkpoint resumed at R=4.
-out["resume"] = resumed_runs(STRATEGY)
-# Bytes of every live variable once built, Adam and AdamW8bit.
-for name, make_opt in (("adam", lambda m: keras.optimizers.Adam(1e-3)),
-                       ("adamw8bit", OPTS["adamw8bit"])):
-    row = {}
-    for shard in (True, False):
-        with STRATEGY.scope(), Made() as made:
-            m = make_model(shard)
-            m.compile(optimizer=make_opt(m), loss="mse")
-            if not shard:
-                m.optimizer.build(m.trainable_variables)
-        row[str(shard)] = made.live_bytes()
-        del m
-    out[name] = row
-# Refusals, each with what to do instead.
+# Refusals, each with what to do instead (compile refuses before any
+# step: they need a strategy, not its 4 replicas).
 refused = {}
 cases = {
     "adafactor": lambda: (make_model(True), keras.optimizers.Adafactor()),
@@ -350,34 +344,65 @@ out["refused"] = refused
 emit(out)
 """
 
+WRITE_AT_TWO = """
+# The checkpoint that AT_FOUR resumes: ITEM1's AdamW8bit run again.
+w0, a, _, ms = train(STRATEGY, "adamw8bit", True)
+save_and_continue(ms, a)
+emit({})
+"""
+
+AT_FOUR = """
+out = {}
+# The R=2 checkpoint resumed at R=4.
+out["resume"] = resumed_runs(STRATEGY)
+# Bytes of every live variable once built, Adam and AdamW8bit.
+for name, make_opt in (("adam", lambda m: keras.optimizers.Adam(1e-3)),
+                       ("adamw8bit", OPTS["adamw8bit"])):
+    row = {}
+    for shard in (True, False):
+        with STRATEGY.scope(), Made() as made:
+            m = make_model(shard)
+            m.compile(optimizer=make_opt(m), loss="mse")
+            if not shard:
+                m.optimizer.build(m.trainable_variables)
+        row[str(shard)] = made.live_bytes()
+        del m
+    out[name] = row
+emit(out)
+"""
+
 
 def _device_bytes(table):
     return {d: n for d, n in table.items() if "CPU" in d}
 
 
 @pytest.mark.slow
-def test_shard_parameters_two_then_four_replicas(tmp_path):
+def test_shard_parameters_two_replicas(tmp_path):
     env = {"CKPT_DIR": str(tmp_path)}
     out = run_in_subprocess(COMMON + CHECKPOINTS + ITEM1, n_cpus=2, env=env)
     one = out.pop("one_device")
     assert one["equal"] and one["same_variables"], one
     # Whole weights and state in the unwrapped order: resumed at R=2
     # exactly, and with no strategy (unsharded) within the all-reduce floor.
-    resume = out.pop("resume")
-    assert resume["backup_and_restore"] <= 1e-6, resume
+    resume = out.pop("resume")["backup_and_restore"]
+    assert resume["epochs"] == [2, 3], resume  # restored, not rerun
+    assert resume["gap"] <= 1e-6, resume
     alone = out.pop("resume_one_device")
     assert alone.pop("keras_sharded") is False
     for way, gap in alone.items():
         assert gap <= 1e-5, (way, alone)
     ckpt = out.pop("checkpointing")
     gathers = ckpt["gathers"]
-    # d2 is checkpointed: gathered in the forward pass and in the recompute;
-    # d3 is not: gathered once (per replica).
+    # The AdamW run checkpoints d2: gathered in the forward pass and in the
+    # recompute; d3 is not: gathered once (per replica). Its update equals
+    # Keras's own unsharded, uncheckpointed one under the strategy.
     assert gathers["d2/kernel"] == 2 * gathers["head/d3/kernel"] == 4, ckpt
     assert gathers["d2/bias"] == 2 * gathers["head/d3/bias"] == 4, ckpt
     assert ckpt["vs_unsharded"] <= 1e-6, ckpt
     ema = out.pop("ema")
-    # The averaged weights, not the last ones: far from a run without EMA.
+    # The averaged weights, not the last ones: on one device they are far
+    # from that run's own last weights, so a sharded run that kept its
+    # last weights fails vs_one.
     assert ema["ema_vs_none"] > 0.05, ema
     assert ema["vs_one"] <= max(1.2 * ema["floor"], 1e-6), ema
     assert ema["iterations"] == 4, ema  # one update per batch, 2 epochs
@@ -387,6 +412,17 @@ def test_shard_parameters_two_then_four_replicas(tmp_path):
     mixed = out.pop("mixed_float16")
     assert set(mixed["dtypes"].values()) == {"float16"}, mixed
     assert mixed["vs_one"] <= 1.2 * mixed["keras_floor"], mixed
+    refused = out.pop("refused")
+    for case, hint in (
+        ("adafactor", "Use an elementwise optimizer"),
+        ("lamb", "trust ratio"),
+        ("tfmemopt_adafactor", "tfmemopt.ShardedOptimizer"),
+        ("micro_batch_size", "Use accumulation_steps=N instead"),
+        ("ema_overwrite_frequency", "keras.callbacks.SwapEMAWeights"),
+        ("sharded_optimizer", "pass the inner optimizer"),
+        ("unbuilt", "Build it first"),
+    ):
+        assert refused[case] and hint in refused[case], (case, refused)
     floor = out["adamw"]["keras_floor"]
     assert out["adamw"]["predict"] <= 1e-5, out["adamw"]
     assert out["adamw"]["evaluate"] <= 1e-5, out["adamw"]
@@ -409,22 +445,23 @@ def test_shard_parameters_two_then_four_replicas(tmp_path):
         assert len(sharded) == 2, r
         for device, nbytes in sharded.items():
             assert nbytes <= plain[device] * (0.5 + 0.02), (name, device, r)
+
+
+@pytest.mark.slow
+@pytest.mark.extended(
+    reason="the same sharding at 4 replicas; 2 replicas, and a checkpoint "
+    "read without a strategy, run in make test"
+)
+def test_shard_parameters_four_replicas(tmp_path):
+    # A checkpoint written at 2 replicas (its own run of ITEM1's AdamW8bit
+    # case), resumed at 4; each device holds 1/4 of the bytes.
+    env = {"CKPT_DIR": str(tmp_path)}
+    run_in_subprocess(COMMON + CHECKPOINTS + WRITE_AT_TWO, n_cpus=2, env=env)
     four = run_in_subprocess(COMMON + CHECKPOINTS + AT_FOUR, n_cpus=4, env=env)
     resume = four.pop("resume")
     assert resume.pop("keras_sharded") is True
     for way, gap in resume.items():
         assert gap <= 1e-5, (way, resume)
-    refused = four.pop("refused")
-    for case, hint in (
-        ("adafactor", "Use an elementwise optimizer"),
-        ("lamb", "trust ratio"),
-        ("tfmemopt_adafactor", "tfmemopt.ShardedOptimizer"),
-        ("micro_batch_size", "Use accumulation_steps=N instead"),
-        ("ema_overwrite_frequency", "keras.callbacks.SwapEMAWeights"),
-        ("sharded_optimizer", "pass the inner optimizer"),
-        ("unbuilt", "Build it first"),
-    ):
-        assert refused[case] and hint in refused[case], (case, refused)
     for name, row in four.items():
         sharded = _device_bytes(row["True"])
         plain = _device_bytes(row["False"])
