@@ -14,9 +14,7 @@ For each cell: the restored model has the same features (checkpointing
 segments, optimizer chain, 8-bit codes, dtype policies), predicts exactly
 what the saved model predicted (difference 0.0), holds exactly its optimizer
 state, and one more epoch trained from it equals the uninterrupted run to
-1e-6 of the whole update (not for `ModelCheckpoint`'s file, a `.keras` file
-written by `model.save` as in the first column, whose resume is checked:
-cases.RESUMED).
+1e-6 of the whole update.
 """
 
 from __future__ import annotations
@@ -53,9 +51,7 @@ def check(name, results):
             failures.append(f"{way}: predictions differ by {got['predict']}")
         if got["state"] != 0.0:
             failures.append(f"{way}: optimizer state {got['state']}")
-        if way not in cases.RESUMED:
-            assert got["resume"] is None, (way, got)
-        elif not got["resume"] <= 1e-6:
+        if not got["resume"] <= 1e-6:
             failures.append(
                 f"{way}: resumed training is {got['resume']:.3g} of the "
                 "update away from the uninterrupted run"
