@@ -12,14 +12,15 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 # once (tests/_forkserver.py: ~4.5 s of CPU less per subprocess); 0 starts a
 # fresh interpreter for each.
 export TFMEMOPT_TEST_FORK ?= 1
-# Whole files to three workers on 2 cores, in the order tests/conftest.py
-# sorts them (the long ones first; without --no-loadscope-reorder the
-# scheduler puts the files with the most tests first). The same clone on
-# 2026-12-06 took 1173.1 s with 2 workers, 1028.4 s with 3, 1003.1 s with 4;
-# each test ran 1.31x longer with 3 than with 2, not 1.5x, so 2 left the
-# cores idle part of the time. 4 took the longest test from 162 s to 190 s
-# (its subprocesses time out at 300 s each) for 25 s less in all.
-PYTEST_ARGS ?= -n 3 --dist loadfile --no-loadscope-reorder
+# Whole files to two workers on 2 cores, in the order tests/conftest.py
+# sorts them (the long ones first, from tests/durations.json; without
+# --no-loadscope-reorder the scheduler puts the files with the most tests
+# first). On a 2-core AMD EPYC on 2026-12-07, fresh clones: 1365.0 s of
+# pytest with 3 workers (50e9b78; 40.8 user CPU-minutes), 1187.0 s with 2
+# (03b0a9c, a few more trainings; 34.4): a third worker on two
+# cores cost more CPU than it kept busy. (On 2026-12-06's machine three had
+# been faster: 1028.4 s against 1173.1 s.)
+PYTEST_ARGS ?= -n 2 --dist loadfile --no-loadscope-reorder
 # `make test` (CI) leaves out the tests marked `extended` (pyproject.toml:
 # a check the default suite already makes, repeated at a larger size or on
 # more models); `make test-full` runs them too.
