@@ -82,6 +82,20 @@ def linear_cross_entropy(
     return out
 
 
+def _online_lse(logits, start, y, top, total, target):
+    """One vocabulary block (`logits`, columns from `start`) into the
+    running maximum, sum of exponentials and label logit of each token."""
+    width = tf.shape(logits)[1]
+    new_top = tf.maximum(top, tf.reduce_max(logits, axis=-1))
+    total = total * tf.exp(top - new_top) + tf.reduce_sum(
+        tf.exp(logits - new_top[:, None]), axis=-1
+    )
+    inside = tf.logical_and(y >= start, y < start + width)
+    local = tf.clip_by_value(y - start, 0, width - 1)
+    picked = tf.gather(logits, local, axis=1, batch_dims=1)
+    return new_top, total, tf.where(inside, picked, target)
+
+
 def _chunked(h, w, b, y, rows, transpose, with_bias):
     @tf.custom_gradient
     def forward(h, w, b):
@@ -109,16 +123,7 @@ def _chunked(h, w, b, y, rows, transpose, with_bias):
         def body(j, top, total, target):
             start = j * cols
             _, logits = block(start)
-            width = tf.shape(logits)[1]
-            new_top = tf.maximum(top, tf.reduce_max(logits, axis=-1))
-            total = total * tf.exp(top - new_top) + tf.reduce_sum(
-                tf.exp(logits - new_top[:, None]), axis=-1
-            )
-            inside = tf.logical_and(y >= start, y < start + width)
-            local = tf.clip_by_value(y - start, 0, width - 1)
-            picked = tf.gather(logits, local, axis=1, batch_dims=1)
-            target = tf.where(inside, picked, target)
-            return j + 1, new_top, total, target
+            return (j + 1, *_online_lse(logits, start, y, top, total, target))
 
         zeros = tf.zeros([n], tf.float32)
         _, top, total, target = tf.while_loop(
@@ -250,14 +255,7 @@ def _chunked_xla(h, w, b, y, rows, transpose, with_bias):
 
         def update(start, width, top, total, target):
             _, logits = block(start, width)
-            new_top = tf.maximum(top, tf.reduce_max(logits, axis=-1))
-            total = total * tf.exp(top - new_top) + tf.reduce_sum(
-                tf.exp(logits - new_top[:, None]), axis=-1
-            )
-            inside = tf.logical_and(y >= start, y < start + width)
-            local = tf.clip_by_value(y - start, 0, width - 1)
-            picked = tf.gather(logits, local, axis=1, batch_dims=1)
-            return new_top, total, tf.where(inside, picked, target)
+            return _online_lse(logits, start, y, top, total, target)
 
         def body(j, top, total, target):
             return (j + 1, *update(j * cols, cols, top, total, target))
