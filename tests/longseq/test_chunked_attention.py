@@ -11,6 +11,7 @@ import tensorflow as tf
 
 import tfmemopt
 from tfmemopt.longseq import _attention
+from tfmemopt.longseq import _attention_blocks
 from tfmemopt.longseq import dot_product_attention
 
 B, T, N, H = 2, 11, 3, 4
@@ -44,7 +45,7 @@ REGIMES = [(*b, False) for b in BLOCKS] + [(*b, True) for b in BLOCKS[1:3]]
 def test_equals_keras_dot_product_attention_and_its_gradient(
     monkeypatch, min_rows, per_head, jit_compile
 ):
-    monkeypatch.setattr(_attention, "MIN_ROWS", min_rows)
+    monkeypatch.setattr(_attention_blocks, "MIN_ROWS", min_rows)
     if jit_compile:  # the XLA path, not the other one compiled
         monkeypatch.setattr(_attention, "_attend", None)
     rng = np.random.default_rng(0)
@@ -111,7 +112,7 @@ def _skippable_masks():
 
 @pytest.mark.parametrize("min_rows, per_head", BLOCKS[1:3])
 def test_skipping_hidden_blocks_changes_no_bit(monkeypatch, min_rows, per_head):
-    monkeypatch.setattr(_attention, "MIN_ROWS", min_rows)
+    monkeypatch.setattr(_attention_blocks, "MIN_ROWS", min_rows)
     rng = np.random.default_rng(4)
     q, k, v, d_out = (
         tf.constant(rng.normal(size=(B, T, N, H)), tf.float32) for _ in range(4)

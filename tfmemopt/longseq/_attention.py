@@ -33,18 +33,11 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tfmemopt import _compat
-
-# Scores (batch x heads x query rows x key columns) per block: 1 Mi floats,
-# 4 MiB a copy (the backward pass holds about five).
-DEFAULT_BLOCK_ELEMENTS = 1 << 20
-# Fewest query rows per block before the keys are cut into blocks too.
-MIN_ROWS = 64
-
-
-def _large_negative(dtype) -> float:
-    # Keras's value (keras/src/backend/tensorflow/nn.py, the score dtype is
-    # float32 here): -0.7 times the largest float.
-    return -0.7 * 3.38953e38
+from tfmemopt.longseq._attention_blocks import DEFAULT_BLOCK_ELEMENTS
+from tfmemopt.longseq._attention_blocks import _block_shape
+from tfmemopt.longseq._attention_blocks import _loop
+from tfmemopt.longseq._attention_blocks import _scores
+from tfmemopt.longseq._attention_xla import attend_xla
 
 
 def dot_product_attention(
@@ -103,30 +96,10 @@ def dot_product_attention(
         mask = tf.cast(mask, tf.bool)
         while mask.shape.rank < 4:
             mask = tf.expand_dims(mask, 0)
-    if _compat.in_xla_function():
-        from tfmemopt.longseq._attention_xla import attend_xla as attend
-    else:
-        attend = _attend
+    attend = attend_xla if _compat.in_xla_function() else _attend
     return attend(
         query, key, value, mask, float(scale), bool(is_causal), block_elements
     )
-
-
-def _block_shape(query, key, block_elements):
-    """Query rows and key columns per block, as scalar tensors."""
-    shape_q = tf.shape(query)
-    t_len, s_len = shape_q[1], tf.shape(key)[1]
-    heads = tf.maximum(shape_q[0] * shape_q[2], 1)
-    whole = block_elements // tf.maximum(heads * s_len, 1)
-    least = tf.minimum(t_len, MIN_ROWS)
-    rows = tf.where(whole >= least, tf.minimum(whole, t_len), least)
-    rows = tf.maximum(rows, 1)
-    cols = tf.where(
-        whole >= least,
-        s_len,
-        tf.clip_by_value(block_elements // (heads * rows), 1, s_len),
-    )
-    return rows, tf.maximum(cols, 1)
 
 
 def _block_mask(mask, is_causal, q0, rows, k0, cols):
@@ -180,24 +153,6 @@ def _span(flags):
     first = tf.cast(tf.reduce_min(where), tf.int32)
     last = tf.cast(tf.reduce_max(where), tf.int32)
     return first, last, tf.size(where) > 0
-
-
-def _scores(q_blk, k_blk, block_mask, scale):
-    s = tf.einsum("BTNH,BSNH->BNTS", q_blk, k_blk)
-    s = tf.cast(s, tf.float32) * scale
-    if block_mask is not None:
-        s = tf.where(block_mask, s, _large_negative(s.dtype))
-    return s
-
-
-def _loop(n, body, loop_vars, invariants, start=None):
-    return tf.while_loop(
-        lambda i, *_: i < n,
-        body,
-        [tf.constant(0) if start is None else start, *loop_vars],
-        shape_invariants=[tf.TensorShape([]), *invariants],
-        parallel_iterations=1,
-    )[1:]
 
 
 def _array(dtype, size):

@@ -6,9 +6,9 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tfmemopt import _compat
-from tfmemopt.longseq._attention import _block_shape
-from tfmemopt.longseq._attention import _loop
-from tfmemopt.longseq._attention import _scores
+from tfmemopt.longseq._attention_blocks import _block_shape
+from tfmemopt.longseq._attention_blocks import _loop
+from tfmemopt.longseq._attention_blocks import _scores
 
 
 def attend_xla(query, key, value, mask, scale, is_causal, block_elements):
