@@ -95,7 +95,7 @@ def plain_under_xla():
     [
         {"checkpointing": "auto"},
         {"checkpointing": ["mha0", "ff0a"]},
-        {"accumulation_steps": 2},
+        {"accumulation_steps": 3},  # 8 = 3 + 3 + a tail of 2
         {"accumulation_steps": 4, "checkpointing": "auto"},
     ],
     ids=lambda o: "+".join(f"{k}={v}" for k, v in o.items()),
@@ -126,19 +126,23 @@ import keras, numpy as np
 import tfmemopt
 from tests.test_xla import _transformer, _data
 
-def dense():
+def dense(**options):
     keras.utils.set_random_seed(0)
     inputs = keras.Input((32,))
     h = inputs
     for i in range(4):
         h = keras.layers.Dense(64, activation="tanh", name=f"d{{i}}")(h)
     return tfmemopt.Model(inputs, keras.layers.Dense(3)(h),
-                          checkpointing="auto")
+                          **(options or {{"checkpointing": "auto"}}))
 
 x, y = _data()
 counts = {{}}
 for name, make in [
     ("dense_auto", dense),
+    # 8 samples in 3 micro-batches: 3 + 3 + a tail of 2 (the tail's start
+    # made XLA take the batch and weights as constants: one compilation
+    # per call)
+    ("dense_accumulation_uneven", lambda: dense(accumulation_steps=3)),
     ("transformer_auto_dropout",
      lambda: _transformer(tfmemopt.Model, dropout=0.1,
                           checkpointing="auto")),
@@ -149,7 +153,7 @@ for name, make in [
     model.compile("adam",
                   keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   jit_compile=True)
-    xs = x.reshape(len(x), -1)[:, :32] if name == "dense_auto" else x
+    xs = x.reshape(len(x), -1)[:, :32] if name.startswith("dense") else x
     before = set(glob.glob(os.path.join({dump!r}, "*before_optimizations.txt")))
     for _ in range(3):
         model.train_on_batch(xs, y % 3)
@@ -162,14 +166,15 @@ emit(counts)
 
 def test_the_step_compiles_once(tmp_path):
     """Three steps, one compilation of the step (the weights are arguments,
-    not constants); before the fix the checkpointed steps compiled three
-    times."""
+    not constants); before the fixes the checkpointed steps and the
+    accumulation with a short tail micro-batch compiled three times."""
     dump = str(tmp_path / "xla")
     counts = run_in_subprocess(
         _COMPILES.format(dump=dump), n_cpus=1, timeout=300
     )
     assert counts == {
         "dense_auto": 1,
+        "dense_accumulation_uneven": 1,
         "transformer_auto_dropout": 1,
         "transformer_accumulation": 1,
     }, counts

@@ -115,6 +115,32 @@ def dynamic_update_slice(tensor, update, starts: list):
     return xla.dynamic_update_slice(tensor, update, tf.stack(starts))
 
 
+def dynamic_slice(tensor, starts, sizes):
+    """`tensor[starts : starts + sizes]` (XLA's DynamicSlice). Only under
+    XLA (`in_xla_function`).
+
+    Not `tf.slice`: XLA registers its `begin` as a compile-time constant
+    input, so a start computed from the step's arguments outside a loop
+    (the tail micro-batch's, which waits on the accumulators) made XLA
+    take those arguments (the batch and every weight) as constants and
+    compile the step again on every call. `XlaDynamicSlice` takes its
+    start at run time. It has no registered gradient; the gradient here
+    writes the incoming one into zeros.
+    """
+    from tensorflow.compiler.tf2xla.python import xla
+
+    starts = tf.cast(tf.stack(starts), tf.int32)
+
+    @tf.custom_gradient
+    def _slice(t):
+        def grad(upstream):
+            return xla.dynamic_update_slice(tf.zeros_like(t), upstream, starts)
+
+        return xla.dynamic_slice(t, starts, sizes), grad
+
+    return _slice(tensor)
+
+
 _LOSS_SCALE_HOOKS: list = []
 
 

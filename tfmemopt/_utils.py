@@ -7,6 +7,10 @@ same kind of error and message, and every report prints bytes alike.
 
 from __future__ import annotations
 
+import functools
+import inspect
+import warnings
+
 import keras
 
 MIB = 1024 * 1024
@@ -175,3 +179,61 @@ REGIME_TEXT = {
     "xla": "XLA (jit_compile=True)",
     "graph": "TensorFlow's graph executor (jit_compile=False)",
 }
+
+
+def keyword_options(function):
+    """Lets `function`'s keyword-only options still be passed by position,
+    with a `FutureWarning`, for one release.
+
+    The entry points take their options keyword-only (`plan(model, 256,
+    "16GiB", optimizer="adamw")`); code written against the older
+    signature, where they could be positional, keeps working and is told
+    what to write instead, as Keras deprecates an argument.
+
+    Example:
+
+    >>> @keyword_options
+    ... def scale(x, *, factor=2):
+    ...     return x * factor
+    >>> scale(3, factor=4)
+    12
+    """
+    signature = inspect.signature(function)
+    params = list(signature.parameters.values())
+    positional = [
+        p
+        for p in params
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    options = [p.name for p in params if p.kind == p.KEYWORD_ONLY]
+
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        extra = args[len(positional) :]
+        if extra:
+            if len(extra) > len(options):
+                raise TypeError(
+                    f"{function.__qualname__}() takes {len(positional)} "
+                    f"positional arguments and {len(options)} options; "
+                    f"received {len(args)} positional arguments."
+                )
+            names = options[: len(extra)]
+            twice = [n for n in names if n in kwargs]
+            if twice:
+                raise TypeError(
+                    f"{function.__qualname__}() got multiple values for "
+                    f"{', '.join(map(repr, twice))}."
+                )
+            shown = ", ".join(f"{n}=..." for n in names)
+            warnings.warn(
+                f"Passing {', '.join(names)} to {function.__qualname__}() "
+                f"by position is deprecated and will be an error in the "
+                f"next release; pass them by name ({shown}).",
+                FutureWarning,
+                stacklevel=2,
+            )
+            kwargs.update(zip(names, extra))
+            args = args[: len(positional)]
+        return function(*args, **kwargs)
+
+    return wrapper

@@ -97,7 +97,7 @@ def test_shards_gathers_and_refusals():
     blocks = tfmemopt.estimate_memory(
         model,
         16,
-        eight,
+        optimizer=eight,
         replicas=2,
         shard_parameters=True,
         accumulation_steps=2,
@@ -111,7 +111,11 @@ def test_shards_gathers_and_refusals():
     assert any("accumulators of this replica's shards" in n for n in acc.notes)
     with pytest.raises(ValueError, match="elementwise optimizer"):
         tfmemopt.estimate_memory(
-            model, 16, "adafactor", replicas=2, shard_parameters=True
+            model,
+            16,
+            optimizer="adafactor",
+            replicas=2,
+            shard_parameters=True,
         )
     with pytest.raises(TypeError, match="shard_parameters="):
         tfmemopt.estimate_memory(model, 16, replicas=2, shard_parameters=1)

@@ -20,6 +20,8 @@ import dataclasses
 import keras
 import tensorflow as tf
 
+from tfmemopt import _compat
+
 
 @dataclasses.dataclass(frozen=True)
 class MicroBatchPlan:
@@ -113,7 +115,20 @@ def slice_batch(structure, start, size):
             for d in t.shape.as_list()[1:]
         ]
         sizes = tf.stack([tf.cast(size, tf.int32)] + inner)
-        out = tf.slice(t, begin, sizes)
+        if _compat.in_xla_function():
+            # Not tf.slice: its start is a compile-time constant to XLA
+            # (see _compat.dynamic_slice: the step compiled on every call).
+            # The sizes are: XLA shapes are static.
+            dims = tf.shape(t)
+            whole = [
+                dims[i] if d is None else d
+                for i, d in enumerate(t.shape.as_list())
+            ]
+            out = _compat.dynamic_slice(
+                t, tf.unstack(begin), tf.stack([size] + whole[1:])
+            )
+        else:
+            out = tf.slice(t, begin, sizes)
         # A slice of a run-time size knows no dimension statically; the
         # inner ones are the input's (a layer built on the first call
         # needs them: a Dense kernel of shape (None, 64) cannot be made).

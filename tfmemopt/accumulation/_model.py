@@ -15,6 +15,7 @@ import keras
 
 from tfmemopt._compat import functional_class
 from tfmemopt._utils import check_int
+from tfmemopt._utils import keyword_options
 from tfmemopt.accumulation import _adapters as adapters
 from tfmemopt.accumulation import _fit_hooks
 from tfmemopt.accumulation import _model_saving as saving
@@ -224,10 +225,12 @@ class Model(_dist.FitFixes, keras.Model):
         return longseq.report_of(self)
 
     @classmethod
+    @keyword_options
     def wrap(
         cls,
         model: keras.Model,
         accumulation_steps: int | None = None,
+        *,
         micro_batch_size: int | None = None,
         checkpointing=None,
         name: str | None = None,

@@ -25,6 +25,7 @@ from tfmemopt._utils import NATIVE_BFLOAT16_FLAGS
 from tfmemopt._utils import compiled_metrics
 from tfmemopt._utils import cpu_has_native_bfloat16
 from tfmemopt._utils import format_bytes
+from tfmemopt._utils import keyword_options
 from tfmemopt.estimate import _long_sequences as long_sequences
 from tfmemopt.estimate._accumulation_buffers import accumulation_bytes
 from tfmemopt.estimate._activations import activation_bytes
@@ -41,9 +42,11 @@ from tfmemopt.estimate._temporaries import step_temporaries
 from tfmemopt.estimate._traced_model import trace_model
 
 
+@keyword_options
 def estimate_memory(
     model: keras.Model,
     batch_size: int,
+    *,
     optimizer=None,
     policy=None,
     accumulation_steps: int = 1,

@@ -19,6 +19,7 @@ import keras
 
 from tfmemopt._utils import check_int
 from tfmemopt._utils import format_mib
+from tfmemopt._utils import keyword_options
 from tfmemopt.tuning import _search
 from tfmemopt.tuning._search import Accumulation
 from tfmemopt.tuning._search import Trial
@@ -192,9 +193,11 @@ def _trial(runner, limit, verbose):
     return fits
 
 
+@keyword_options
 def find_batch_size(
     model: keras.Model,
     data,
+    *,
     mode: str = "binsearch",
     memory_budget: int | str | None = None,
     max_batch_size: int = 4096,

@@ -23,6 +23,7 @@ from tfmemopt import memory
 from tfmemopt._utils import REGIME_TEXT
 from tfmemopt._utils import check_int
 from tfmemopt._utils import format_mib as _mib
+from tfmemopt._utils import keyword_options
 from tfmemopt._utils import step_regime
 from tfmemopt.accumulation import Model
 from tfmemopt.accumulation._fit_hooks import add_fit_hook
@@ -231,10 +232,12 @@ def fit_batch_size(args: tuple, kwargs: dict) -> int | None:
     return None
 
 
+@keyword_options
 @contextlib.contextmanager
 def oom_report(
     model=None,
     batch_size: int | None = None,
+    *,
     memory_budget=None,
     device: str | None = None,
     replicas: int | None = None,

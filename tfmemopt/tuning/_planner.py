@@ -16,6 +16,7 @@ import keras
 
 from tfmemopt._utils import check_int
 from tfmemopt._utils import format_mib as _mib
+from tfmemopt._utils import keyword_options
 from tfmemopt.estimate import estimate_memory
 from tfmemopt.estimate._optimizer_state import resolve_optimizer
 from tfmemopt.precision import _mixed_precision as mixed_precision
@@ -115,10 +116,12 @@ def _steps_options(per_replica, multiple_of, allow) -> list[list[int]]:
 MARGIN = 0.25
 
 
+@keyword_options
 def plan(
     model: keras.Model,
     global_batch_size: int,
     memory_budget: int | str,
+    *,
     optimizer=None,
     allow: tuple[str, ...] = ALLOW,
     replicas: int | None = None,
