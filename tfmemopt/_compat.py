@@ -115,6 +115,45 @@ def dynamic_update_slice(tensor, update, starts: list):
     return xla.dynamic_update_slice(tensor, update, tf.stack(starts))
 
 
+def active_compile_metrics(model):
+    """`{"metrics": ..., "weighted_metrics": ...}` that `model`'s train step
+    computes (as given to `compile`), or `None` where Keras keeps none.
+
+    Not the compile config: Keras 3.15's `compile(weighted_metrics=None)`
+    after an earlier `compile` with metrics keeps the earlier ones (it
+    makes a new `CompileMetrics` only when metrics are given), while the
+    config says `None`. keras-hub's causal LMs compile themselves with
+    `SparseCategoricalAccuracy` when made, so a user's later
+    `lm.compile(..., weighted_metrics=None)` still computes it (only
+    `weighted_metrics=[]` drops it)."""
+    metrics = getattr(model, "_compile_metrics", None)
+    if metrics is None:
+        return None
+    return {
+        "metrics": getattr(metrics, "_user_metrics", None),
+        "weighted_metrics": getattr(metrics, "_user_weighted_metrics", None),
+    }
+
+
+def compiled_metrics(model) -> dict:
+    """`{"metrics": ..., "weighted_metrics": ...}` that `model`'s step
+    computes, serialised (`None` for one not given); `{}` if not compiled.
+
+    Read from Keras's compiled metrics, not the compile config, which says
+    `None` after a second `compile(weighted_metrics=None)` while the first
+    compile's metrics still run (`_compat.active_compile_metrics`)."""
+    if not getattr(model, "compiled", False):
+        return {}
+    active = active_compile_metrics(model)
+    if active is None:
+        config = model.get_compile_config() or {}
+        active = {k: config.get(k) for k in ("metrics", "weighted_metrics")}
+    return {
+        key: keras.saving.serialize_keras_object(value) or None
+        for key, value in active.items()
+    }
+
+
 def dynamic_slice(tensor, starts, sizes):
     """`tensor[starts : starts + sizes]` (XLA's DynamicSlice). Only under
     XLA (`in_xla_function`).

@@ -55,16 +55,6 @@ def pop_keras_object(config: dict, key: str, custom_objects=None):
     return obj, rest
 
 
-def compiled_metrics(model) -> dict:
-    """`{"metrics": ..., "weighted_metrics": ...}` as `model` was compiled
-    with them (its compile config, serialised; `None` for one not given);
-    `{}` if not compiled."""
-    if not getattr(model, "compiled", False):
-        return {}
-    config = model.get_compile_config() or {}
-    return {key: config.get(key) for key in ("metrics", "weighted_metrics")}
-
-
 def format_bytes(n: float) -> str:
     """`n` bytes in the largest binary unit below 1024: `"1.5 GiB"`."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):

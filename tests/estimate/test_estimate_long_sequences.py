@@ -206,25 +206,3 @@ def test_logits_are_what_the_head_and_the_loss_keep():
     est = tfmemopt.estimate_memory(net, 64)
     assert est.terms["logits"] <= 2 * logits, est.terms
     assert est.activations > 100 * logits
-
-
-def test_compiled_metrics_are_named_as_not_estimated():
-    # A trial measured [16, 128, 2000] logits with sparse_categorical_accuracy
-    # at 65.0 MiB, 28.0 without, estimated 27.6: plan chose a plan 2.4x over.
-    model = lm()
-    model.compile(
-        "adam",
-        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics=["sparse_categorical_accuracy"],
-        weighted_metrics=[keras.metrics.SparseTopKCategoricalAccuracy(k=2)],
-    )
-    with pytest.warns(UserWarning, match="compiled metrics"):
-        est = tfmemopt.estimate_memory(model, 2)
-    (note,) = [n for n in est.notes if n.startswith("compiled metrics")]
-    assert "sparse_categorical_accuracy" in note, note
-    assert "sparse_top_k_categorical_accuracy" in note, note
-    assert not [
-        n
-        for n in tfmemopt.estimate_memory(lm(), 2).notes
-        if "compiled metrics" in n
-    ]

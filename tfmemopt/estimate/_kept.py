@@ -10,6 +10,9 @@ from tfmemopt.estimate._kernels import SHAPE_ONLY
 
 # Ops whose output shares its input's buffer.
 _ALIAS = {
+    # Bitcast shares its input's buffer (`Tensor::BitcastFrom`): Keras's
+    # TensorFlow `argmax` bitcasts a float output to int32 to find -0.0.
+    "Bitcast",
     "Identity",
     "IdentityN",
     "Reshape",

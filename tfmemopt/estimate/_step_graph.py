@@ -116,6 +116,8 @@ def trace_step(
     loss=None,
     decay=None,
     in_loop=False,
+    metrics_of=None,
+    notes=None,
 ) -> StepGraph:
     """Traces one training step of `model` at `batch_size` and measures it.
 
@@ -149,13 +151,24 @@ def trace_step(
             `TimeDistributed` layer's slices, [100, 32, 256] each) alive
             together at the peak, 318 MiB (estimated 155.7 MiB with the
             rewrite, 336.8 without; measured 342.6).
+        metrics_of: optional compiled model whose metrics the step updates
+            from the output after the gradient (Keras's step and
+            `tfmemopt.Model`'s micro-step do); `notes` gets what cannot be
+            traced.
         loss: optional loss the step computes (a Keras loss or its name);
             by default the owner's or the model's compiled loss, else mean
             squared error (under the owner's `chunked_loss`, sparse
             categorical cross-entropy from logits, the one it computes).
     """
     concrete, n_fwd, loss = _traced_step(
-        model, batch_size, input_shape, sequence_length, owner, loss
+        model,
+        batch_size,
+        input_shape,
+        sequence_length,
+        owner,
+        loss,
+        metrics_of=metrics_of,
+        notes=notes,
     )
     ops, n_fwd = _ops_that_run_in(concrete, n_fwd, loss)
     # Grappler merges identical ops: one buffer for each set, and the

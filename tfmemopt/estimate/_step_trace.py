@@ -15,7 +15,10 @@ import tensorflow as tf
 from tfmemopt._compat import sublayers
 from tfmemopt.estimate._input_specs import _as_call_arg
 from tfmemopt.estimate._input_specs import _loss_and_target_specs
+from tfmemopt.estimate._input_specs import _output_shapes
 from tfmemopt.estimate._input_specs import input_specs
+from tfmemopt.estimate._metric_updates import has_metrics
+from tfmemopt.estimate._metric_updates import metric_updates
 from tfmemopt.estimate._while_loops import while_loop_sizes
 from tfmemopt.longseq._head import head_of
 from tfmemopt.longseq._head import training_forward
@@ -63,8 +66,12 @@ def _traced_step(
     sequence_length=None,
     owner=None,
     loss=None,
+    metrics_of=None,
+    notes=None,
 ):
-    """`(concrete function, forward op count)` of one gradient step."""
+    """`(concrete function, forward op count)` of one gradient step; with
+    `metrics_of`, the model whose compiled metrics the step updates from
+    the output after the gradient (`_metric_updates`)."""
     in_specs = input_specs(model, batch_size, input_shape, sequence_length)
     # A tfmemopt.Model.wrap is compiled, the model it wraps maybe not.
     if loss is None:
@@ -76,6 +83,15 @@ def _traced_step(
         # a loss the user never passed).
         loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     loss_fn, y_specs = _loss_and_target_specs(model, batch_size, in_specs, loss)
+    updates = []
+    chunked = report is not None and report.chunked_loss
+    if metrics_of is not None and not chunked and has_metrics(metrics_of):
+        updates = metric_updates(
+            metrics_of,
+            _output_shapes(model, in_specs),
+            [tuple(s.shape[1:]) for s in y_specs],
+            notes,
+        )
     mark = {}
 
     def step(x, y):
@@ -96,7 +112,10 @@ def _traced_step(
                     loss = loss + tf.reduce_mean(losses)
         mark["forward"] = len(tf.compat.v1.get_default_graph().get_operations())
         mark["loss"] = loss.op.name
-        return tape.gradient(loss, model.trainable_variables)
+        grads = tape.gradient(loss, model.trainable_variables)
+        for index, metric in updates:  # after the gradient, as Keras does
+            metric.update_state(y[index], preds[index])
+        return grads
 
     try:
         concrete = tf.function(step).get_concrete_function(in_specs, y_specs)

@@ -126,6 +126,8 @@ def trace_model(
             # Under shard_parameters the micro-batches are traced one
             # after another, not run in a while loop (docs/sharding.md).
             in_loop=accumulating and not s.shard_parameters,
+            metrics_of=outer,
+            notes=notes,
         )
 
     if swapped:

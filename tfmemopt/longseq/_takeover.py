@@ -23,9 +23,9 @@ import dataclasses
 import keras
 import tensorflow as tf
 
+from tfmemopt._compat import compiled_metrics
 from tfmemopt._compat import sublayers
 from tfmemopt._utils import check_int
-from tfmemopt._utils import compiled_metrics
 from tfmemopt.longseq._attention import DEFAULT_BLOCK_ELEMENTS
 from tfmemopt.longseq._attention import dot_product_attention
 from tfmemopt.longseq._head import _STATE
