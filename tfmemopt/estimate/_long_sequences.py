@@ -29,6 +29,7 @@ from tfmemopt.estimate._kept import LOSS
 from tfmemopt.longseq import disable_long_sequences
 from tfmemopt.longseq import enable_long_sequences
 from tfmemopt.longseq._head import _head_candidates
+from tfmemopt.longseq._hub_attention import is_hub_attention
 from tfmemopt.longseq._takeover import check_options
 from tfmemopt.longseq._takeover import report_of
 
@@ -91,6 +92,7 @@ def terms(traced, step) -> dict:
         layer.name
         for layer in sublayers(traced)
         if isinstance(layer, keras.layers.MultiHeadAttention)
+        or is_hub_attention(layer)
     }
     heads = _heads(traced)
     layers = {layer.name for layer in sublayers(traced, include_self=True)}

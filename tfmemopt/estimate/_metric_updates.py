@@ -4,9 +4,10 @@ Keras's `train_step` (and `tfmemopt.Model`'s micro-step) updates the
 compiled metrics from the model's output after the gradient: the output
 stays alive through the backward pass, and a metric's own temporaries are
 output-sized (Keras's TensorFlow `argmax` makes five, for its fix of
-flush-to-zero). On a language model's logits that doubled a step: keras-hub
-Llama, 2 layers of 128, vocabulary 32000, 1 x 1024 tokens, measured 547.5
-MiB with keras-hub's default `SparseCategoricalAccuracy` and 251.8 without.
+flush-to-zero). On a language model's logits that nearly doubled a step:
+keras-hub Llama, 2 layers of 128, vocabulary 32000, 1 x 1024 tokens,
+measured 671.9 MiB with keras-hub's default `SparseCategoricalAccuracy`
+and 374.4 without (weights and AdamW state in).
 
 The step is traced with fresh copies of the metrics (made before the
 trace, so their variables are not the model's and nothing the user

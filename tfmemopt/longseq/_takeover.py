@@ -11,9 +11,10 @@ returned have no consumer in the training graph and are never computed.
 (the head: `_head.py`).
 
 Attention layers (`keras.layers.MultiHeadAttention` and its subclasses,
-such as keras-hub's `CachedMultiHeadAttention`) get an instance-level
-`_compute_attention` that runs `dot_product_attention` in query and key
-blocks (online softmax).
+such as keras-hub's `CachedMultiHeadAttention`, and keras-hub's Llama,
+Mistral, Qwen2 and Phi-3 attention: `_hub_attention`) get an
+instance-level `_compute_attention` that runs `dot_product_attention` in
+query and key blocks (online softmax).
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ from tfmemopt.longseq._head import _STATE
 from tfmemopt.longseq._head import _head_candidates
 from tfmemopt.longseq._head import _patch_head
 from tfmemopt.longseq._head import _path
+from tfmemopt.longseq._hub_attention import FAMILIES
+from tfmemopt.longseq._hub_attention import is_hub_attention
+from tfmemopt.longseq._hub_attention import patch_hub_attention
 from tfmemopt.longseq._linear_cross_entropy import DEFAULT_CHUNK_ELEMENTS
 
 ATTENTION_CHOICES = (None, "chunked")
@@ -242,17 +246,22 @@ def enable_long_sequences(
             layer
             for layer in sublayers(model)
             if isinstance(layer, keras.layers.MultiHeadAttention)
+            or is_hub_attention(layer)
         ]
         _refuse_other_attention(model, layers)
         for layer in layers:
-            _check_attention(layer)
+            if isinstance(layer, keras.layers.MultiHeadAttention):
+                _check_attention(layer)
         report.attention = attention
         report.attention_layers = [_path(layer) for layer in layers]
     if chunked_loss:
         for head in heads:
             _patch_head(state, head)
     for layer in layers:
-        _patch_attention(state, layer)
+        if isinstance(layer, keras.layers.MultiHeadAttention):
+            _patch_attention(state, layer)
+        else:
+            patch_hub_attention(state, layer, _path(layer))
     object.__setattr__(owner, _STATE, state)
     return report
 
@@ -260,16 +269,19 @@ def enable_long_sequences(
 def _refuse_other_attention(model, taken) -> None:
     """Raises when attention is computed by layers that cannot be taken over.
 
-    Only `MultiHeadAttention` (and its subclasses) is chunked; keras-hub's
-    Llama, Gemma, Mistral, Qwen, Bloom and GPT-NeoX compute attention in
-    their own layer classes. Leaving those on full scores while the user
+    `MultiHeadAttention` (and its subclasses) and keras-hub's Llama,
+    Mistral, Qwen2 and Phi-3 attention layers (`_hub_attention`) are
+    chunked; others (Gemma, Bloom, GPT-NeoX, a new keras-hub class) compute
+    attention in their own way. Leaving those on full scores while the user
     asked for chunked attention would be a silent fallback.
     """
+    taken_ids = {id(layer) for layer in taken}
     others = [
         layer
         for layer in sublayers(model)
         if "attention" in type(layer).__name__.lower()
-        and not isinstance(layer, keras.layers.MultiHeadAttention)
+        and id(layer) not in taken_ids
+        and not _inside_taken(layer, taken)
     ]
     if not others and taken:
         return
@@ -282,13 +294,22 @@ def _refuse_other_attention(model, taken) -> None:
     classes = sorted({type(layer).__name__ for layer in others})
     paths = [_path(layer) for layer in others][:4]
     raise ValueError(
-        f"attention='chunked' takes over keras.layers.MultiHeadAttention and "
-        f"its subclasses only, but {model.name!r} computes attention in "
+        f"attention='chunked' takes over keras.layers.MultiHeadAttention, its "
+        f"subclasses and keras-hub's {', '.join(FAMILIES.values())} "
+        f"attention, but {model.name!r} computes attention in "
         f"{', '.join(classes)} ({', '.join(paths)}"
         f"{', ...' if len(others) > 4 else ''}), whose scores would stay "
         "whole: construct the model without attention='chunked' "
         "(chunked_loss=True alone still applies; checkpointing='auto' keeps "
         "one layer's scores at a time)."
+    )
+
+
+def _inside_taken(layer, taken) -> bool:
+    """Whether `layer` is a sublayer of a taken-over attention layer (a
+    softmax or rotary embedding inside it)."""
+    return any(
+        layer is not t and any(layer is s for s in sublayers(t)) for t in taken
     )
 
 

@@ -1,0 +1,184 @@
+"""Chunked attention on keras-hub's open-LLM families (#48): Llama,
+Mistral, Qwen2 and Phi-3 from tiny random configs, each built from its
+keras-hub class. One update with both options equals plain Keras within
+the floor measured in the same run (the batch with its rows swapped),
+with padding and `ignore_class`; the logged loss too; `generate` after
+training gives the unwrapped model's tokens; the blocks really cut the
+scores (a block of a few keys)."""
+
+from __future__ import annotations
+
+import inspect
+
+import keras
+import numpy as np
+import pytest
+
+import tfmemopt
+from tfmemopt.longseq import _hub_attention
+
+keras_hub = pytest.importorskip("keras_hub")
+
+V, T, B = 97, 24, 3
+# (backbone, task, extra backbone arguments): 4 query heads sharing 2
+# key-value heads; Qwen2 with its own sliding window (8 tokens).
+FAMILIES = {
+    "llama": ("LlamaBackbone", "LlamaCausalLM", {}),
+    "mistral": ("MistralBackbone", "MistralCausalLM", {"sliding_window": 8}),
+    "qwen": (
+        "QwenBackbone",
+        "QwenCausalLM",
+        {"use_sliding_window_attention": True, "sliding_window_size": 8},
+    ),
+    "phi3": ("Phi3Backbone", "Phi3CausalLM", {}),
+}
+
+
+def _lm(family):
+    backbone, task, extra = FAMILIES[family]
+    keras.utils.set_random_seed(1)
+    made = getattr(keras_hub.models, backbone)(
+        vocabulary_size=V,
+        num_layers=2,
+        num_query_heads=4,
+        num_key_value_heads=2,
+        hidden_dim=32,
+        intermediate_dim=48,
+        **extra,
+    )
+    return getattr(keras_hub.models, task)(backbone=made, preprocessor=None)
+
+
+def _data():
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(1, V, size=(B, T))
+    padding = np.ones((B, T), bool)
+    padding[1, -5:] = False
+    x = {"token_ids": tokens, "padding_mask": padding}
+    y = np.roll(tokens, -1, axis=1)
+    y[0, :3] = 5  # ignore_class
+    sw = padding.astype("float32")
+    return x, y, sw
+
+
+def _compile(model):
+    model.compile(
+        keras.optimizers.SGD(0.5),
+        keras.losses.SparseCategoricalCrossentropy(
+            from_logits=True, ignore_class=5
+        ),
+        weighted_metrics=[],
+    )
+    return model
+
+
+def _update(model, x, y, sw, perm=None):
+    if perm is not None:
+        x = {k: v[perm] for k, v in x.items()}
+        y, sw = y[perm], sw[perm]
+    logs = model.train_on_batch(x, y, sample_weight=sw, return_dict=True)
+    return logs["loss"], [w.numpy() for w in model.trainable_variables]
+
+
+def _diff(a, b):
+    return max(float(np.abs(p - q).max()) for p, q in zip(a, b))
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_both_options_equal_plain_keras(family):
+    x, y, sw = _data()
+    plain = _compile(_lm(family))
+    before = [w.numpy() for w in plain.trainable_variables]
+    want_loss, want = _update(plain, x, y, sw)
+    other = _compile(_lm(family))
+    floor = _diff(want, _update(other, x, y, sw, np.array([2, 0, 1]))[1])
+    size = _diff(want, before)
+
+    model = tfmemopt.Model.wrap(
+        _lm(family), chunked_loss=True, attention="chunked"
+    )
+    report = model.long_sequences
+    assert len(report.attention_layers) == 2, report
+    report.block_elements = 2 * 4 * T * 5  # 5 keys per block (B=2 rows)
+    _compile(model)
+    got_loss, got = _update(model, x, y, sw)
+    assert size > 1e-2
+    assert _diff(want, got) <= max(4 * floor, 2**-20 * size), (
+        _diff(want, got),
+        floor,
+    )
+    assert abs(got_loss - want_loss) <= 2e-6 * abs(want_loss)
+    if family == "llama":  # generation runs keras-hub's cache path
+        plain.set_weights(model.inner.get_weights())
+        prompt = {
+            "token_ids": x["token_ids"][:1, :T].astype("int32"),
+            "padding_mask": np.arange(T)[None] < 6,
+        }
+        inner = model.inner
+        for lm in (inner, plain):  # keras-hub's default samples at random
+            lm.sampler = keras_hub.samplers.GreedySampler()
+            lm.generate_function = None
+        np.testing.assert_array_equal(
+            inner.generate(prompt, max_length=T, stop_token_ids=None)[
+                "token_ids"
+            ],
+            plain.generate(prompt, max_length=T, stop_token_ids=None)[
+                "token_ids"
+            ],
+        )
+
+
+def test_the_blocks_cut_the_scores():
+    """The replacement really runs in blocks: a block smaller than one
+    query's keys changes nothing but the kernel's path (the output equals
+    the whole-row block's within float32 rounding)."""
+    x, _, _ = _data()
+    outs = []
+    for block in (1 << 20, 4 * 4 * 3):
+        model = tfmemopt.Model.wrap(
+            _lm("llama"), attention="chunked", chunked_loss=False
+        )
+        model.long_sequences.block_elements = block
+        outs.append(keras.ops.convert_to_numpy(model(x, training=False)))
+    np.testing.assert_allclose(outs[0], outs[1], atol=2e-5)
+
+
+def test_keras_hub_still_has_what_the_takeover_reads():
+    """Fails when keras-hub renames what `_hub_attention` replaces or
+    reads: the method, its arguments, the scale, Qwen2's window."""
+    import keras_hub.src.models as hub  # noqa: F401 - the classes' modules
+
+    classes = {
+        type(layer).__name__: type(layer)
+        for family in FAMILIES
+        for layer in _lm(family).backbone._flatten_layers()
+        if type(layer).__name__ in _hub_attention.FAMILIES
+    }
+    assert set(classes) == set(_hub_attention.FAMILIES), classes
+    for name, cls in classes.items():
+        params = list(inspect.signature(cls._compute_attention).parameters)
+        assert params[:5] == [
+            "self",
+            "query",
+            "key",
+            "value",
+            "attention_mask",
+        ], (name, params)
+    assert hasattr(classes["QwenAttention"], "_mask_sliding_window")
+
+
+def test_other_attention_is_refused_with_the_fix():
+    keras.utils.set_random_seed(1)
+    backbone = keras_hub.models.GemmaBackbone(
+        vocabulary_size=V,
+        num_layers=1,
+        num_query_heads=2,
+        num_key_value_heads=1,
+        hidden_dim=16,
+        intermediate_dim=32,
+        head_dim=8,
+    )
+    lm = keras_hub.models.GemmaCausalLM(backbone=backbone, preprocessor=None)
+    with pytest.raises(ValueError, match="CachedGemmaAttention") as e:
+        tfmemopt.Model.wrap(lm, chunked_loss=True, attention="chunked")
+    assert "chunked_loss=True alone still applies" in str(e.value)
