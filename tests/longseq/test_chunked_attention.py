@@ -272,3 +272,57 @@ def test_refuses_attention_it_cannot_take_over():
     mlp = keras.Sequential([keras.Input((H,)), keras.layers.Dense(5)])
     with pytest.raises(ValueError, match="found no attention layer"):
         tfmemopt.Model.wrap(mlp, attention="chunked")
+
+
+def _soft_capped_reference(q, k, v, mask, cap):
+    """Gemma 2's attention written out: scores scaled, `cap * tanh(s /
+    cap)`, masked, softmax in float32."""
+    s = tf.einsum("BTNH,BSNH->BNTS", q, k) / float(H) ** 0.5
+    s = cap * tf.tanh(s / cap)
+    s = tf.where(mask, s, -0.7 * 3.38953e38)
+    return tf.einsum("BNTS,BSNH->BTNH", tf.nn.softmax(s, axis=-1), v)
+
+
+@pytest.mark.parametrize("jit_compile", [False, True], ids=["graph", "xla"])
+def test_soft_cap_equals_the_capped_scores_and_their_gradient(jit_compile):
+    """`soft_cap` (Gemma 2's attention logit soft cap) in blocks of 3 keys:
+    output and gradients equal the written-out attention; the masked and
+    padded scores' gradient is 0, not inf * 0."""
+    rng = np.random.default_rng(1)
+    q, k, v, d_out = (
+        tf.constant(3 * rng.normal(size=(B, T, N, H)), tf.float32)
+        for _ in range(4)
+    )
+    rows, cols = np.arange(T)[:, None], np.arange(T)[None, :]
+    mask = np.broadcast_to(rows >= cols, (B, 1, T, T)).copy()
+    mask[1, :, :, -3:] = False
+    mask = tf.constant(mask)
+
+    def chunked(q, k, v):
+        return dot_product_attention(
+            q, k, v, mask=mask, soft_cap=2.0, block_elements=B * N * 3 * 3
+        )
+
+    run = functools.partial(_out_and_grads, chunked)
+    if jit_compile:
+        spec = tf.TensorSpec([B, T, N, H])
+        run = tf.function(run, jit_compile=True, input_signature=[spec] * 4)
+    got = run(q, k, v, d_out)
+    want = _out_and_grads(
+        lambda q, k, v: _soft_capped_reference(q, k, v, mask, 2.0),
+        q,
+        k,
+        v,
+        d_out,
+    )
+    assert all(np.isfinite(np.asarray(g)).all() for g in got)
+    scale = max(float(np.abs(np.asarray(w)).max()) for w in want)
+    assert _diff(got, want) < 2e-6 * scale, (_diff(got, want), scale)
+    uncapped = _out_and_grads(
+        lambda q, k, v: _soft_capped_reference(q, k, v, mask, 1e6),
+        q,
+        k,
+        v,
+        d_out,
+    )
+    assert _diff(uncapped, want) > 1e-2 * scale  # the cap matters here

@@ -1,10 +1,10 @@
 """Chunked attention on keras-hub's open-LLM families (#48): Llama,
-Mistral, Qwen2 and Phi-3 from tiny random configs, each built from its
-keras-hub class. One update with both options equals plain Keras within
-the floor measured in the same run (the batch with its rows swapped),
-with padding and `ignore_class`; the logged loss too; `generate` after
-training gives the unwrapped model's tokens; the blocks really cut the
-scores (a block of a few keys)."""
+Mistral, Qwen2, Phi-3, Gemma and Gemma 2 from tiny random configs, each
+built from its keras-hub class. One update with both options equals plain
+Keras within the floor measured in the same run (the batch with its rows
+swapped), with padding and `ignore_class`; the logged loss too;
+`generate` after training gives the unwrapped model's tokens; a block of
+a few keys gives the whole-row block's output."""
 
 from __future__ import annotations
 
@@ -31,6 +31,22 @@ FAMILIES = {
         {"use_sliding_window_attention": True, "sliding_window_size": 8},
     ),
     "phi3": ("Phi3Backbone", "Phi3CausalLM", {}),
+    "gemma": ("GemmaBackbone", "GemmaCausalLM", {"head_dim": 8}),
+    # Gemma 2's attention: a soft cap small enough to act on these scores,
+    # a sliding window, the query scaled by hidden_dim / heads.
+    "gemma2": (
+        "GemmaBackbone",
+        "GemmaCausalLM",
+        {
+            "head_dim": 8,
+            "query_head_dim_normalize": False,
+            "use_post_ffw_norm": True,
+            "use_post_attention_norm": True,
+            "attention_logit_soft_cap": 0.5,
+            "use_sliding_window_attention": True,
+            "sliding_window_size": 8,
+        },
+    ),
 }
 
 
@@ -145,30 +161,40 @@ def test_the_blocks_cut_the_scores():
 
 def test_keras_hub_still_has_what_the_takeover_reads():
     """Fails when keras-hub renames what `_hub_attention` replaces or
-    reads: the method, its arguments, the scale, Qwen2's window."""
-    import keras_hub.src.models as hub  # noqa: F401 - the classes' modules
-
-    classes = {
-        type(layer).__name__: type(layer)
+    reads: the method and its arguments, the scale, the windows, Gemma's
+    settings."""
+    layers = {
+        type(layer).__name__: layer
         for family in FAMILIES
         for layer in _lm(family).backbone._flatten_layers()
         if type(layer).__name__ in _hub_attention.FAMILIES
     }
-    assert set(classes) == set(_hub_attention.FAMILIES), classes
-    for name, cls in classes.items():
-        params = list(inspect.signature(cls._compute_attention).parameters)
-        assert params[:5] == [
-            "self",
-            "query",
-            "key",
-            "value",
-            "attention_mask",
-        ], (name, params)
-    assert hasattr(classes["QwenAttention"], "_mask_sliding_window")
+    assert set(layers) == set(_hub_attention.FAMILIES), layers
+    for name, layer in layers.items():
+        assert _hub_attention.is_hub_attention(layer), name
+        params = list(inspect.signature(layer._compute_attention).parameters)
+        want = (
+            ["q", "k", "v", "attention_mask", "training", "cache_update_index"]
+            if name == "CachedGemmaAttention"
+            else ["query", "key", "value", "attention_mask"]
+        )
+        assert params[: len(want)] == want, (name, params)
+    assert hasattr(layers["QwenAttention"], "_mask_sliding_window")
 
 
-def test_other_attention_is_refused_with_the_fix():
+def test_other_attention_and_gemma_dropout_are_refused_with_the_fix():
     keras.utils.set_random_seed(1)
+    backbone = keras_hub.models.GPTNeoXBackbone(
+        vocabulary_size=V,
+        num_layers=1,
+        num_heads=2,
+        hidden_dim=16,
+        intermediate_dim=32,
+    )
+    lm = keras_hub.models.GPTNeoXCausalLM(backbone=backbone, preprocessor=None)
+    with pytest.raises(ValueError, match="GPTNeoXAttention") as e:
+        tfmemopt.Model.wrap(lm, chunked_loss=True, attention="chunked")
+    assert "chunked_loss=True alone still applies" in str(e.value)
     backbone = keras_hub.models.GemmaBackbone(
         vocabulary_size=V,
         num_layers=1,
@@ -177,8 +203,8 @@ def test_other_attention_is_refused_with_the_fix():
         hidden_dim=16,
         intermediate_dim=32,
         head_dim=8,
+        dropout=0.1,
     )
     lm = keras_hub.models.GemmaCausalLM(backbone=backbone, preprocessor=None)
-    with pytest.raises(ValueError, match="CachedGemmaAttention") as e:
-        tfmemopt.Model.wrap(lm, chunked_loss=True, attention="chunked")
-    assert "chunked_loss=True alone still applies" in str(e.value)
+    with pytest.raises(ValueError, match="dropout=0.0"):
+        tfmemopt.Model.wrap(lm, attention="chunked")

@@ -37,6 +37,7 @@ from tfmemopt.longseq._attention_blocks import DEFAULT_BLOCK_ELEMENTS
 from tfmemopt.longseq._attention_blocks import _block_shape
 from tfmemopt.longseq._attention_blocks import _loop
 from tfmemopt.longseq._attention_blocks import _scores
+from tfmemopt.longseq._attention_blocks import _through_soft_cap
 from tfmemopt.longseq._attention_xla import attend_xla
 
 
@@ -50,6 +51,7 @@ def dot_product_attention(
     is_causal: bool = False,
     *,
     block_elements: int = DEFAULT_BLOCK_ELEMENTS,
+    soft_cap: float | None = None,
 ):
     """`keras.ops.dot_product_attention`, computed in query and key blocks.
 
@@ -98,7 +100,14 @@ def dot_product_attention(
             mask = tf.expand_dims(mask, 0)
     attend = attend_xla if _compat.in_xla_function() else _attend
     return attend(
-        query, key, value, mask, float(scale), bool(is_causal), block_elements
+        query,
+        key,
+        value,
+        mask,
+        float(scale),
+        bool(is_causal),
+        block_elements,
+        None if soft_cap is None else float(soft_cap),
     )
 
 
@@ -161,7 +170,9 @@ def _array(dtype, size):
     )
 
 
-def _attend(query, key, value, mask, scale, is_causal, block_elements):
+def _attend(
+    query, key, value, mask, scale, is_causal, block_elements, soft_cap=None
+):
     any_shape = tf.TensorShape(None)
 
     @tf.custom_gradient
@@ -186,7 +197,7 @@ def _attend(query, key, value, mask, scale, is_causal, block_elements):
                 k_blk = k[:, k0 : k0 + cols]
                 c = tf.shape(k_blk)[1]
                 mask_blk = _block_mask(mask, is_causal, q0, r[0], k0, c)
-                s = _scores(q_blk, k_blk, mask_blk, scale)
+                s = _scores(q_blk, k_blk, mask_blk, scale, soft_cap)
                 m_new = tf.maximum(m, tf.reduce_max(s, axis=-1))
                 alpha = tf.exp(m - m_new)
                 p = tf.exp(s - m_new[..., None])
@@ -270,7 +281,7 @@ def _attend(query, key, value, mask, scale, is_causal, block_elements):
                     do_blk = d_out[:, q0 : q0 + rows]
                     r = tf.shape(q_blk)[1]
                     m = _block_mask(mask, is_causal, q0, r, k0, c)
-                    s = _scores(q_blk, k_blk, m, scale)
+                    s = _scores(q_blk, k_blk, m, scale, soft_cap)
                     p = tf.exp(
                         (s - row_max[:, :, q0 : q0 + rows, None])
                         - log_sum[:, :, q0 : q0 + rows, None]
@@ -285,6 +296,7 @@ def _attend(query, key, value, mask, scale, is_causal, block_elements):
                     ds = p * (dp - delta[:, :, q0 : q0 + rows, None])
                     if m is not None:
                         ds = tf.where(m, ds, tf.zeros((), ds.dtype))
+                    ds = _through_soft_cap(ds, s, soft_cap)
                     ds = tf.cast(ds * scale, q.dtype)
                     dq_blk = tf.einsum("BNTS,BSNH->BTNH", ds, k_blk)
                     dk_blk = dk_blk + tf.cast(

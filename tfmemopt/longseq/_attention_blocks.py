@@ -36,12 +36,25 @@ def _block_shape(query, key, block_elements):
     return rows, tf.maximum(cols, 1)
 
 
-def _scores(q_blk, k_blk, block_mask, scale):
+def _scores(q_blk, k_blk, block_mask, scale, soft_cap=None):
     s = tf.einsum("BTNH,BSNH->BNTS", q_blk, k_blk)
     s = tf.cast(s, tf.float32) * scale
+    if soft_cap is not None:  # Gemma 2: cap * tanh(s / cap), then the mask
+        s = soft_cap * tf.tanh(s / soft_cap)
     if block_mask is not None:
         s = tf.where(block_mask, s, _large_negative(s.dtype))
     return s
+
+
+def _through_soft_cap(ds, s, soft_cap):
+    """The gradient `ds` of capped scores `s` taken back through the cap:
+    times `1 - tanh^2 = 1 - (s / cap)^2`. Masked and padded scores (a large
+    negative number, -inf) are outside (-cap, cap): clipped to a factor of
+    0, never inf * 0."""
+    if soft_cap is None:
+        return ds
+    t = tf.clip_by_value(s / soft_cap, -1.0, 1.0)
+    return ds * (1.0 - tf.square(t))
 
 
 def _loop(n, body, loop_vars, invariants, start=None):

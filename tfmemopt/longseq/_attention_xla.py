@@ -9,9 +9,12 @@ from tfmemopt import _compat
 from tfmemopt.longseq._attention_blocks import _block_shape
 from tfmemopt.longseq._attention_blocks import _loop
 from tfmemopt.longseq._attention_blocks import _scores
+from tfmemopt.longseq._attention_blocks import _through_soft_cap
 
 
-def attend_xla(query, key, value, mask, scale, is_causal, block_elements):
+def attend_xla(
+    query, key, value, mask, scale, is_causal, block_elements, soft_cap=None
+):
     """`_attend` for a step XLA compiles (#46).
 
     XLA needs every slice's size at compile time; `_attend`'s last blocks
@@ -56,6 +59,7 @@ def attend_xla(query, key, value, mask, scale, is_causal, block_elements):
                 k_blk,
                 _block_mask_xla(maskp, is_causal, q0, rows, k0, cols),
                 scale,
+                soft_cap,
             )
             real = (k0 + tf.range(cols)) < s_len
             return tf.where(real, s, -float("inf")), k_blk
@@ -154,6 +158,7 @@ def attend_xla(query, key, value, mask, scale, is_causal, block_elements):
                     )
                     if mask_blk is not None:
                         ds = tf.where(mask_blk, ds, tf.zeros((), ds.dtype))
+                    ds = _through_soft_cap(ds, s, soft_cap)
                     ds = tf.cast(ds * scale, q.dtype)
                     dq_blk = tf.einsum("BNTS,BSNH->BTNH", ds, k_blk)
                     at = [zero, q0, zero, zero]

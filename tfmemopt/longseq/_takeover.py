@@ -34,6 +34,7 @@ from tfmemopt.longseq._head import _head_candidates
 from tfmemopt.longseq._head import _patch_head
 from tfmemopt.longseq._head import _path
 from tfmemopt.longseq._hub_attention import FAMILIES
+from tfmemopt.longseq._hub_attention import check_hub_attention
 from tfmemopt.longseq._hub_attention import is_hub_attention
 from tfmemopt.longseq._hub_attention import patch_hub_attention
 from tfmemopt.longseq._linear_cross_entropy import DEFAULT_CHUNK_ELEMENTS
@@ -252,6 +253,8 @@ def enable_long_sequences(
         for layer in layers:
             if isinstance(layer, keras.layers.MultiHeadAttention):
                 _check_attention(layer)
+            else:
+                check_hub_attention(layer, _path(layer))
         report.attention = attention
         report.attention_layers = [_path(layer) for layer in layers]
     if chunked_loss:
