@@ -154,6 +154,33 @@ def compiled_metrics(model) -> dict:
     }
 
 
+def compiled_metric_names(model) -> list:
+    """Names of the metrics `model`'s step computes (`compiled_metrics`);
+    [] where there are none or they cannot be read."""
+    try:
+        config = compiled_metrics(model)
+    except Exception:  # noqa: BLE001 - a config that cannot be serialised
+        return []
+    names = []
+
+    def collect(item):
+        if isinstance(item, dict) and "class_name" in item:  # one, serialised
+            inner = item.get("config")
+            name = inner.get("name") if isinstance(inner, dict) else None
+            names.append(str(name or item["class_name"]))
+        elif isinstance(item, dict):  # per output
+            for value in item.values():
+                collect(value)
+        elif isinstance(item, (list, tuple)):
+            for value in item:
+                collect(value)
+        elif item:
+            names.append(str(getattr(item, "name", item)))
+
+    collect(list(config.values()))
+    return names
+
+
 def dynamic_slice(tensor, starts, sizes):
     """`tensor[starts : starts + sizes]` (XLA's DynamicSlice). Only under
     XLA (`in_xla_function`).

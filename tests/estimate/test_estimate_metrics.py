@@ -109,3 +109,26 @@ def test_the_metrics_keras_still_runs_after_a_compile_with_none():
     dropped = tfmemopt.estimate_memory(model, 2)
     assert not [n for n in dropped.notes if "compiled metrics" in n]
     assert dropped.total < kept.total
+
+
+def test_a_plan_with_chunked_loss_drops_the_metrics_and_says_so():
+    """`chunked_loss` never forms the logits a compiled metric reads, and
+    its first fit refuses metrics: a plan that chose it on a model
+    compiled with one (every keras-hub causal LM as made) failed when
+    applied. The plan now compiles without them, in `why` and a warning."""
+    import inspect
+
+    import numpy as np
+
+    margin = inspect.signature(tfmemopt.plan).parameters["margin"].default
+    model = lm(["sparse_categorical_accuracy"])
+    chunked = tfmemopt.estimate_memory(model, 4, chunked_loss=True)
+    budget = int(chunked.total * 1.02 / (1 - margin))
+    p = tfmemopt.plan(model, 4, budget, allow=("long_sequences",))
+    assert p.chunked_loss, p
+    assert "compiled without its metrics, sparse_categorical_accuracy" in p.why
+    with pytest.warns(UserWarning, match="compiled without them"):
+        applied = p.apply(model)
+    x = np.random.default_rng(0).integers(0, VOCAB, (4, T)).astype("int32")
+    logs = applied.train_on_batch(x, x, return_dict=True)
+    assert set(logs) == {"loss"}, logs

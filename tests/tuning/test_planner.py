@@ -337,3 +337,25 @@ def test_cli_plan(tmp_path, capsys):
         )
         == 2
     )
+
+
+@pytest.mark.parametrize("native", [True, False, None])
+def test_mixed_bfloat16_is_not_planned_where_the_cpu_emulates_it(
+    monkeypatch, native
+):
+    """On a CPU without avx512_bf16 / amx_bf16 oneDNN emulates bfloat16 and
+    keeps float32 copies the estimate does not count (a mixed_bfloat16
+    plan for keras-hub Llama at 2 x 2048, estimated 500.1 MiB, measured
+    1033.8 on an AVX2-only AMD EPYC): the plan keeps float32 there."""
+    from tfmemopt.tuning import _planner
+
+    monkeypatch.setattr(_planner, "cpu_has_native_bfloat16", lambda: native)
+    mp = _planner.mixed_precision
+    cpu = mp.detect_hardware().__class__(
+        kind="cpu", name="CPU", compute_capability=None, count=1, note=""
+    )
+    monkeypatch.setattr(mp, "detect_hardware", lambda: cpu)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    policies, _ = _planner._policies(model, ("mixed_precision",))
+    want = ["float32"] if native is False else ["float32", "mixed_bfloat16"]
+    assert policies == want

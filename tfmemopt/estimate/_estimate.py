@@ -19,7 +19,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from tfmemopt._compat import compiled_metrics
+from tfmemopt._compat import compiled_metric_names
 from tfmemopt._utils import NATIVE_BFLOAT16_FLAGS
 from tfmemopt._utils import cpu_has_native_bfloat16
 from tfmemopt._utils import format_bytes
@@ -210,7 +210,7 @@ def estimate_memory(
     if emulated:
         notes.append(emulated)
     activations = activation_bytes(model, traced, step, rescale, s, notes)
-    metrics = _compiled_metrics(model)
+    metrics = compiled_metric_names(model)
     if metrics:
         notes.append(
             f"compiled metrics ({', '.join(metrics)}): counted, updated from "
@@ -371,30 +371,3 @@ def _by_layer(step) -> list:
         name = path[-1] if path else "(loss and other)"
         layers[name] = layers.get(name, 0) + n
     return sorted(layers.items(), key=lambda kv: -kv[1])
-
-
-def _compiled_metrics(model) -> list:
-    """Names of the metrics `model` was compiled with; [] where there are
-    none or its compile config cannot be read."""
-    try:
-        config = compiled_metrics(model)
-    except Exception:  # noqa: BLE001 - a config that cannot be serialised
-        return []
-    names = []
-
-    def collect(item):
-        if isinstance(item, dict) and "class_name" in item:  # one, serialised
-            config = item.get("config")
-            name = config.get("name") if isinstance(config, dict) else None
-            names.append(str(name or item["class_name"]))
-        elif isinstance(item, dict):  # per output
-            for value in item.values():
-                collect(value)
-        elif isinstance(item, (list, tuple)):
-            for value in item:
-                collect(value)
-        elif item:
-            names.append(str(getattr(item, "name", item)))
-
-    collect(list(config.values()))
-    return names

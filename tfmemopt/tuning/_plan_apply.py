@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import gc
+import warnings
 
 import keras
 
+from tfmemopt._compat import compiled_metric_names
 from tfmemopt.precision._policy_clone import swap_policy
 
 
@@ -62,6 +64,8 @@ def apply_plan(plan, model: keras.Model, copy: bool = False) -> keras.Model:
     compile_config = None
     if getattr(model, "compiled", False):
         compile_config = _compile_config(plan, model)
+        if plan.model_kwargs.get("chunked_loss"):
+            compile_config = _without_metrics(compile_config, model)
     elif plan.optimizer or plan.sharding:
         raise ValueError(
             f"The plan switches the optimizer to {plan.optimizer_name}, "
@@ -94,6 +98,22 @@ def apply_plan(plan, model: keras.Model, copy: bool = False) -> keras.Model:
     finally:
         keras.config.set_dtype_policy(previous)
     return wrapped
+
+
+def _without_metrics(config, model) -> dict:
+    """`config` without metrics: `chunked_loss` never forms the logits they
+    read (its first fit refuses them). Said in `Plan.why` and here."""
+    names = compiled_metric_names(model)
+    if not names:
+        return config
+    warnings.warn(
+        f"plan.apply: the plan computes the loss in chunks (chunked_loss="
+        f"True), which never forms the logits the compiled metrics "
+        f"({', '.join(names)}) read, so the model is compiled without "
+        "them; model.evaluate (full logits) still computes them.",
+        stacklevel=3,
+    )
+    return dict(config, metrics=None, weighted_metrics=None)
 
 
 def _compile_config(plan, model) -> dict:

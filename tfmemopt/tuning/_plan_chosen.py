@@ -78,7 +78,14 @@ def _long_sequence_text(best, considered) -> str:
         said.append(
             "chunked_loss=True (the loss from the head's input in chunks: "
             f"the {logits} the head and the loss keep "
-            "for the logits are never formed)"
+            "for the logits are never formed"
+            + (
+                "; compiled without its metrics, "
+                f"{', '.join(best['drops_metrics'])}, which read the logits: "
+                "model.evaluate still computes them)"
+                if best.get("drops_metrics")
+                else ")"
+            )
         )
     if best.get("attention"):
         said.append(
