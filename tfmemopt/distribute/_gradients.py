@@ -46,7 +46,10 @@ def _inner(optimizer):
     return optimizer
 
 
-def _loss_scale(optimizer):
+def loss_scale(optimizer):
+    """The loss scale of `optimizer` as a float32 scalar (its dynamic scale
+    once built, its initial one before), or None when it is not a
+    `LossScaleOptimizer`: the one helper for clipping a scaled gradient."""
     if not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         return None
     if optimizer.built:
@@ -226,7 +229,7 @@ def clip_after_all_reduce(grads, optimizer):
     summed = ctx.all_reduce(tf.distribute.ReduceOp.SUM, present)
     it = iter(summed)
     summed = [None if g is None else next(it) for g in grads]
-    clipped = clip(summed, setting, scale=_loss_scale(optimizer))
+    clipped = clip(summed, setting, scale=loss_scale(optimizer))
     return [
         None if g is None else g / tf.cast(replicas, g.dtype) for g in clipped
     ]

@@ -33,6 +33,7 @@ from tfmemopt.distribute._gather_order import ordered
 from tfmemopt.distribute._gradients import clip
 from tfmemopt.distribute._gradients import clipping_of
 from tfmemopt.distribute._gradients import count_non_finite
+from tfmemopt.distribute._gradients import loss_scale
 from tfmemopt.distribute._gradients import sum_of_squares
 from tfmemopt.distribute._param_shard_state import build_whole_state
 from tfmemopt.distribute._param_shard_state import components
@@ -258,18 +259,8 @@ def clip_shards(grads, optimizer):
     poison = tf.where(stats[-1] > 0, float("nan"), 1.0)
     grads = [None if g is None else g * tf.cast(poison, g.dtype) for g in grads]
     if setting is None or setting[0] == "clipvalue":
-        return clip(grads, setting, scale=_loss_scale(optimizer))
-    return clip(grads, setting, squares=squares, scale=_loss_scale(optimizer))
-
-
-def _loss_scale(optimizer):
-    import keras
-
-    if not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-        return None
-    if optimizer.built:
-        return tf.cast(optimizer.dynamic_scale, tf.float32)
-    return tf.constant(float(optimizer.initial_scale), tf.float32)
+        return clip(grads, setting, scale=loss_scale(optimizer))
+    return clip(grads, setting, squares=squares, scale=loss_scale(optimizer))
 
 
 # -- making the shards ---------------------------------------------------------
