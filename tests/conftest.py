@@ -245,7 +245,7 @@ def pytest_collection_modifyitems(config, items):
     """Test files run longest first, each file's tests together and in
     their order (module-scoped fixtures are set up once).
 
-    `make test` hands whole test files to three workers (`--dist loadfile`),
+    `make test` hands whole test files to two workers (`--dist loadfile`),
     the next file to whichever is free. Longest first is the classic rule
     for that (each worker ends within about one short file of the others):
     the order comes from tests/durations.json, the files' recorded seconds;

@@ -100,6 +100,7 @@ def _diff(a, b):
     return max(float(np.abs(p - q).max()) for p, q in zip(a, b))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_both_options_equal_plain_keras(family):
     x, y, sw = _data()
