@@ -142,3 +142,23 @@ def test_composes_with_mixed_float16_and_checkpointing():
     floor = 2**-10 * size
     err = _diff(want, got)
     assert size > 1e-2 and err <= 4 * floor, (err, floor, size)
+
+
+def test_estimating_the_wrapped_model_leaves_the_wrapper_working():
+    """`estimate_memory(lm, chunked_loss=True, attention="chunked")` of the
+    model a `Model.wrap(lm, ...)` holds takes the same layers over for its
+    trace and undoes it after; undoing removed the wrapper's takeover too,
+    and its next step failed ("chunked_loss=True needs the model's output
+    to be the logits of a linear head": a fresh-user trial)."""
+    x, y, sw = _data()
+    lm = _gpt2()
+    model = tfmemopt.Model.wrap(lm, chunked_loss=True, attention="chunked")
+    model.compile(keras.optimizers.SGD(0.5), _loss())
+    tfmemopt.estimate_memory(
+        lm, B, sequence_length=T, chunked_loss=True, attention="chunked"
+    )
+    loss, _ = _update(model, x, y, sw)
+    assert np.isfinite(loss)
+    assert model.long_sequences.head.endswith("token_embedding")
+    # The options undone on `lm` alone: its own call is the wrapper's again.
+    assert "call" in vars(lm.backbone.token_embedding)

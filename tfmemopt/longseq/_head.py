@@ -17,6 +17,34 @@ from tfmemopt._compat import sublayers
 from tfmemopt.longseq._linear_cross_entropy import linear_cross_entropy
 
 _STATE = "_tfmemopt_long_sequences"
+_MISSING = object()
+
+
+def replace_on_instance(state, layer, name, value) -> None:
+    """Sets `layer.<name> = value` on the instance, recorded in
+    `state.patched` with what the instance held before, so that
+    `disable_long_sequences` puts exactly that back.
+
+    The one place the long-sequence options replace a layer's method. A
+    layer can be taken over twice: a `Model.wrap(lm, chunked_loss=True)`
+    and `estimate_memory(lm, chunked_loss=True)` of the model it wraps
+    (which enables the options for its trace and undoes them). Undoing
+    by deleting the instance attribute removed the wrapper's too, and its
+    next step failed ("chunked_loss=True needs the model's output to be
+    the logits of a linear head", a fresh-user trial).
+    """
+    previous = layer.__dict__.get(name, _MISSING)
+    object.__setattr__(layer, name, value)
+    state.patched.append((layer, name, previous))
+
+
+def restore_instances(state) -> None:
+    """Undoes `replace_on_instance`, last replacement first."""
+    for layer, name, previous in reversed(state.patched):
+        if previous is _MISSING:
+            layer.__dict__.pop(name, None)
+        else:
+            object.__setattr__(layer, name, previous)
 
 
 _TAG = "_tfmemopt_head_call"
@@ -215,7 +243,7 @@ class _Forward:
         names = ", ".join(self.state.report.head_candidates) or "none"
         # A quantized or LoRA head computes its output on its own path: say
         # so rather than "computed after the head".
-        for layer, method in self.state.patched:
+        for layer, method, _ in self.state.patched:
             reason = method == "call" and _why_not_head(layer)
             if reason and "activation" not in reason:
                 raise ValueError(
@@ -264,5 +292,4 @@ def _patch_head(state, layer):
             setattr(out, _TAG, _HeadCall(state, layer, inputs))
         return out
 
-    object.__setattr__(layer, "call", call)
-    state.patched.append((layer, "call"))
+    replace_on_instance(state, layer, "call", call)

@@ -35,6 +35,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tfmemopt.longseq._attention import dot_product_attention
+from tfmemopt.longseq._head import replace_on_instance
 
 # keras-hub's attention classes taken over, with what the replacement reads
 # (tests/longseq/test_hub_attention.py fails when keras-hub renames any).
@@ -88,8 +89,9 @@ def patch_hub_attention(state, layer, path) -> None:
     block = state.report.block_elements
     if type(layer).__name__ == "CachedGemmaAttention":
         compute_attention = _gemma(layer, block)
-        object.__setattr__(layer, "_compute_attention", compute_attention)
-        state.patched.append((layer, "_compute_attention"))
+        replace_on_instance(
+            state, layer, "_compute_attention", compute_attention
+        )
         return
 
     def compute_attention(
@@ -111,8 +113,7 @@ def patch_hub_attention(state, layer, path) -> None:
             block_elements=block,
         )
 
-    object.__setattr__(layer, "_compute_attention", compute_attention)
-    state.patched.append((layer, "_compute_attention"))
+    replace_on_instance(state, layer, "_compute_attention", compute_attention)
 
 
 def _gemma(layer, block):

@@ -33,6 +33,8 @@ from tfmemopt.longseq._head import _STATE
 from tfmemopt.longseq._head import _head_candidates
 from tfmemopt.longseq._head import _patch_head
 from tfmemopt.longseq._head import _path
+from tfmemopt.longseq._head import replace_on_instance
+from tfmemopt.longseq._head import restore_instances
 from tfmemopt.longseq._hub_attention import FAMILIES
 from tfmemopt.longseq._hub_attention import check_hub_attention
 from tfmemopt.longseq._hub_attention import is_hub_attention
@@ -160,8 +162,7 @@ def _patch_attention(state, layer):
         )
         return out, None
 
-    object.__setattr__(layer, "_compute_attention", compute_attention)
-    state.patched.append((layer, "_compute_attention"))
+    replace_on_instance(state, layer, "_compute_attention", compute_attention)
 
 
 def check_options(chunked_loss, attention) -> None:
@@ -321,8 +322,7 @@ def disable_long_sequences(owner) -> None:
     state = getattr(owner, _STATE, None)
     if state is None:
         return
-    for layer, name in state.patched:
-        layer.__dict__.pop(name, None)
+    restore_instances(state)
     object.__setattr__(owner, _STATE, None)
 
 
