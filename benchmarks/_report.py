@@ -6,9 +6,12 @@ so that scripts run in any order and never overwrite each other.
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -21,6 +24,21 @@ HEADER = (
     "quoted as\n"
     "ratios, since these machines are shared and noisy.\n"
 )
+
+
+def fresh_process(code: str, arg: str, timeout: float = 1800):
+    """Runs `python -c code arg` in a fresh interpreter; returns `(value,
+    stderr)`, `value` the JSON the child printed last on a line starting
+    with `@@` (None when it printed none: it failed)."""
+    out = subprocess.run(
+        [sys.executable, "-c", code, arg],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("@@")]
+    return (json.loads(lines[-1][2:]) if lines else None), out.stderr
 
 
 def machine() -> str:

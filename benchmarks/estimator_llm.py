@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _report import fresh_process  # noqa: E402
 from _report import median  # noqa: E402
 from _report import table  # noqa: E402
 from _report import write_section  # noqa: E402
@@ -75,17 +75,10 @@ print("@@" + json.dumps({"measured": statistics.median(peaks),
 def cell(family, metrics):
     backbone, task, extra = FAMILIES[family]
     arg = json.dumps([backbone, task, extra, metrics, TOKENS, VOCAB])
-    out = subprocess.run(
-        [sys.executable, "-c", _CELL, arg],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
-    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("@@")]
-    if not lines:
-        return {"error": out.stderr.strip().splitlines()[-1:]}
-    return json.loads(lines[-1][2:])
+    value, stderr = fresh_process(_CELL, arg, timeout=900)
+    if value is None:
+        return {"error": stderr.strip().splitlines()[-1:]}
+    return value
 
 
 def main():

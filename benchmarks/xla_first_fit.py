@@ -14,13 +14,13 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
 import sys
 
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _report import fresh_process  # noqa: E402
 from _report import table  # noqa: E402
 from _report import write_section  # noqa: E402
 
@@ -68,18 +68,10 @@ print("@@" + json.dumps([first, statistics.median(steps)]))
 
 
 def cell(options):
-    out = subprocess.run(
-        [sys.executable, "-c", _CELL, json.dumps(options)],
-        capture_output=True,
-        text=True,
-        timeout=1800,
-        check=False,
-    )
-    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("@@")]
-    if not lines:
-        print(out.stderr[-2000:], file=sys.stderr)
-        return None
-    return json.loads(lines[-1][2:])
+    value, stderr = fresh_process(_CELL, json.dumps(options))
+    if value is None:
+        print(stderr[-2000:], file=sys.stderr)
+    return value
 
 
 def main():
