@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 
 import tfmemopt
+from tests.longseq.test_gpt2 import _diff
+from tests.longseq.test_gpt2 import _update
 from tfmemopt.longseq import _hub_attention
 
 keras_hub = pytest.importorskip("keras_hub")
@@ -86,18 +88,6 @@ def _compile(model):
         weighted_metrics=[],
     )
     return model
-
-
-def _update(model, x, y, sw, perm=None):
-    if perm is not None:
-        x = {k: v[perm] for k, v in x.items()}
-        y, sw = y[perm], sw[perm]
-    logs = model.train_on_batch(x, y, sample_weight=sw, return_dict=True)
-    return logs["loss"], [w.numpy() for w in model.trainable_variables]
-
-
-def _diff(a, b):
-    return max(float(np.abs(p - q).max()) for p, q in zip(a, b))
 
 
 # Llama (and generate), Qwen2 (its own window), Gemma 2 (soft cap, query
