@@ -205,7 +205,9 @@ def _output_shapes(model, in_specs):
     ]
 
 
-def _loss_and_target_specs(model, batch_size, in_specs, loss=None):
+def _loss_and_target_specs(
+    model, batch_size, in_specs, loss=None, output_shapes=None
+):
     # `loss`: the caller's (`_step_trace` falls back to the owner's and the
     # model's compiled loss); mean squared error without one.
     try:
@@ -217,7 +219,9 @@ def _loss_and_target_specs(model, batch_size, in_specs, loss=None):
     name = getattr(loss_fn, "name", None) or getattr(loss_fn, "__name__", "")
     sparse = "sparse" in str(name).lower()
     specs = []
-    for out_shape in _output_shapes(model, in_specs):
+    if output_shapes is None:
+        output_shapes = _output_shapes(model, in_specs)
+    for out_shape in output_shapes:
         shape = (batch_size,) + out_shape
         if sparse:
             specs.append(tf.TensorSpec(shape[:-1], "int32"))

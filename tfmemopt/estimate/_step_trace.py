@@ -82,13 +82,18 @@ def _traced_step(
         # default, mean squared error, was refused in a message that named
         # a loss the user never passed).
         loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    loss_fn, y_specs = _loss_and_target_specs(model, batch_size, in_specs, loss)
+    # The output shapes once (a subclassed model's cost a forward trace):
+    # for the targets and for the metrics.
+    out_shapes = _output_shapes(model, in_specs)
+    loss_fn, y_specs = _loss_and_target_specs(
+        model, batch_size, in_specs, loss, output_shapes=out_shapes
+    )
     updates = []
     chunked = report is not None and report.chunked_loss
     if metrics_of is not None and not chunked and has_metrics(metrics_of):
         updates = metric_updates(
             metrics_of,
-            _output_shapes(model, in_specs),
+            out_shapes,
             [tuple(s.shape[1:]) for s in y_specs],
             notes,
         )
