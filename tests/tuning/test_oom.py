@@ -79,21 +79,34 @@ def test_forced_oom_in_tfmemopt_model_fit_raises_the_report():
 
 @pytest.mark.parametrize("jit_compile", [False, True], ids=["graph", "xla"])
 def test_the_report_says_which_regime_the_step_ran_in(jit_compile):
-    """#46: the estimate and the plan model the graph executor; under XLA
-    the report says so."""
-    model = tfmemopt.Model(*layers(threshold=16))
+    """#46, #49: the report says which regime the step ran in; under XLA
+    the estimate is read from XLA's compiled step, and says so (a layer
+    XLA cannot compile, such as the test's `py_function` that raises the
+    OOM, gets the executor's estimate: see test_oom_in_xla_... below)."""
+    model = tfmemopt.Model(*layers())
     model.compile("adam", "mse", jit_compile=jit_compile)
     error = tf.errors.ResourceExhaustedError(None, None, "OOM when allocating")
     report = build_report(error, model, batch_size=64)
     assert report.regime == ("xla" if jit_compile else "graph")
     if jit_compile:
         assert "step ran under: XLA (jit_compile=True)" in report.text
-        assert "model the graph executor" in report.text
+        assert "buffer assignment of the compiled step" in report.text
+        assert report.estimate.compiled["temporary"] > 0
     else:
         assert "step ran under: TensorFlow's graph executor" in report.text
         assert "model the graph executor" not in report.text
     uncompiled = build_report(error, tfmemopt.Model(*layers(threshold=16)), 64)
     assert uncompiled.regime is None and "step ran under" not in uncompiled.text
+
+
+def test_a_step_xla_cannot_compile_gets_the_executors_estimate():
+    model = tfmemopt.Model(*layers(threshold=16))  # a py_function inside
+    model.compile("adam", "mse", jit_compile=True)
+    error = tf.errors.ResourceExhaustedError(None, None, "OOM when allocating")
+    report = build_report(error, model, batch_size=64)
+    assert not report.estimate.compiled
+    assert "model the graph executor" in report.text
+    assert any("not compiled with XLA here" in n for n in report.estimate.notes)
 
 
 @pytest.mark.parametrize(
@@ -124,10 +137,10 @@ def test_the_estimate_is_of_the_models_own_accumulation(kwargs, steps):
 def test_micro_batch_size_is_estimated_no_smaller(
     batch, replicas, micro, steps
 ):
-    from tfmemopt.tuning._oom import _own_accumulation
+    from tfmemopt.estimate._settings import own_accumulation
 
     model = tfmemopt.Model(*layers(), micro_batch_size=micro)
-    assert _own_accumulation(model, batch, replicas) == steps
+    assert own_accumulation(model, batch, replicas) == steps
     per_replica = -(-batch // replicas)
     assert -(-per_replica // steps) >= min(micro, per_replica)
 

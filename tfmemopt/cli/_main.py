@@ -84,8 +84,9 @@ def _estimate_arguments(parser):
     parser.add_argument(
         "--accumulation-steps",
         type=int,
-        default=1,
-        help="micro-batches per step (default: 1)",
+        default=None,
+        help="micro-batches per step (default: a saved tfmemopt.Model's "
+        "own, else 1)",
     )
     parser.add_argument(
         "--checkpointing",
@@ -119,7 +120,25 @@ def _estimate_arguments(parser):
         help="chunked: every MultiHeadAttention in query blocks "
         "(tfmemopt.Model(..., attention='chunked'))",
     )
+    parser.add_argument(
+        "--jit-compile",
+        type=_jit_compile_arg,
+        default=None,
+        help="auto, true or false (default: the saved model's own compile, "
+        "else auto: XLA on a machine with a GPU or TPU). true: the step is "
+        "compiled with XLA for this machine, not run, and the estimate read "
+        "from XLA's buffer assignment",
+    )
     json_argument(parser, "a table")
+
+
+def _jit_compile_arg(text: str):
+    value = {"auto": "auto", "true": True, "false": False}.get(text.lower())
+    if value is None:
+        raise argparse.ArgumentTypeError(
+            f"--jit-compile takes auto, true or false; received {text!r}"
+        )
+    return value
 
 
 @subcommand(
@@ -147,6 +166,7 @@ def _estimate(args) -> int:
             shard_parameters=True if args.shard_parameters else None,
             chunked_loss=True if args.chunked_loss else None,
             attention=args.attention,
+            jit_compile=args.jit_compile,
         )
     except (ValueError, TypeError) as e:
         return bad_input("estimate", e)

@@ -28,6 +28,10 @@ from tfmemopt.estimate import _long_sequences as long_sequences
 from tfmemopt.estimate._accumulation_buffers import accumulation_bytes
 from tfmemopt.estimate._activations import activation_bytes
 from tfmemopt.estimate._activations import segments
+from tfmemopt.estimate._compiled_step import NotCompiled
+from tfmemopt.estimate._compiled_step import compiled_step
+from tfmemopt.estimate._compiled_step import describe
+from tfmemopt.estimate._compiled_step import resolve_jit_compile
 from tfmemopt.estimate._model_state import model_state
 from tfmemopt.estimate._param_sharding import gathered_bytes
 from tfmemopt.estimate._result import MemoryEstimate
@@ -47,7 +51,7 @@ def estimate_memory(
     *,
     optimizer=None,
     policy=None,
-    accumulation_steps: int = 1,
+    accumulation_steps: int | None = None,
     checkpointing=None,
     replicas: int = 1,
     trainer: str | None = None,
@@ -57,6 +61,7 @@ def estimate_memory(
     shard_parameters: bool | None = None,
     chunked_loss: bool | None = None,
     attention=None,
+    jit_compile=None,
 ) -> MemoryEstimate:
     """Estimates the peak memory of one training step, per device.
 
@@ -107,7 +112,9 @@ def estimate_memory(
             (Keras's: `"keras.optimizers.Adafactor"`).
         policy: `None` (the model's dtype policy), a policy name such as
             `"mixed_bfloat16"`, or a `keras.DTypePolicy`.
-        accumulation_steps: Int, defaults to `1`: micro-batches per step.
+        accumulation_steps: `None` (the model's own: a `tfmemopt.Model`'s
+            `accumulation_steps`, or the steps its `micro_batch_size`
+            makes of the batch; else 1) or Int: micro-batches per step.
         checkpointing: `None` (off), `"auto"` (about sqrt(N) layers per
             segment), `"blocks"` (one segment per top-level layer) or an
             Int (layers per segment).
@@ -157,6 +164,21 @@ def estimate_memory(
             `MemoryEstimate.terms` names what the head and the loss keep
             (`"logits"`) and what the attention layers keep
             (`"attention_scores"`).
+        jit_compile: `None` (as `fit` will: the model's own
+            `compile(jit_compile=...)`, `"auto"` resolved as Keras does on
+            this machine: on with a GPU or TPU, off on a CPU-only machine
+            and under a distribution strategy), `True` or `False`. When
+            on, the step `fit` runs (a `tfmemopt.Model` step with these
+            settings and a copy of the optimizer) is compiled with XLA for
+            the local device, without running it, and the estimate is read
+            from XLA's buffer assignment: `temporaries` is XLA's temporary
+            buffer (activations, gradients and the update's temporaries
+            together), `gradients`, `activations` and `accumulation` are 0,
+            and `compiled` holds the figures and the compile time. This
+            allocates the optimizer's state for the compile. Where the
+            step cannot be compiled as asked (replicas, sharding, a policy
+            a subclassed model cannot be rebuilt under, an op XLA does not
+            compile), the executor's estimate is returned with a note.
 
     Returns:
         A `MemoryEstimate` (bytes per field, `.total`, `.table()`,
@@ -192,6 +214,17 @@ def estimate_memory(
     s.chunked_loss, s.attention = long_sequences.resolve(
         model, chunked_loss, attention
     )
+    fallback = None
+    if resolve_jit_compile(model, jit_compile, replicas):
+        try:
+            return _compiled_estimate(
+                model, batch_size, s, input_shape, sequence_length
+            )
+        except NotCompiled as e:
+            fallback = (
+                f"jit_compile: not compiled with XLA here ({e}); estimated "
+                "for TensorFlow's executor"
+            )
     # Trace first: a subclassed model may create its weights on first call.
     trace_notes = []
     traced, step, rescale = trace_model(
@@ -200,6 +233,8 @@ def estimate_memory(
     trainable = model.trainable_weights
     state = model_state(model, s)
     notes = [f"optimizer: {state.optimizer_how} ({s.opt_source})"]
+    if fallback:
+        notes.append(fallback)
     notes += trace_notes
     if s.floor:
         notes.append(
@@ -294,6 +329,45 @@ def estimate_memory(
         layers=_by_layer(step),
         notes=notes,
         run_ahead=int(run_ahead),
+    )
+
+
+def _compiled_estimate(model, batch_size, s, input_shape, sequence_length):
+    """The estimate read from XLA's buffer assignment of the compiled step
+    (`_compiled_step`); `NotCompiled` where it cannot be compiled here."""
+    if s.shard_parameters:
+        raise NotCompiled("shard_parameters runs under a strategy")
+    sizes, seconds, step_notes, state = compiled_step(
+        model, s, input_shape, sequence_length
+    )
+    notes = [f"optimizer: {type(s.optimizer).__name__} ({s.opt_source})"]
+    notes += [describe(sizes, seconds)] + step_notes
+    if s.floor:
+        notes.append(
+            f"allocations below {format_bytes(s.floor)} not counted "
+            "(min_counted_bytes): the allocator statistics' view"
+        )
+    emulated = _emulated_bfloat16_note(s)
+    if emulated:
+        notes.append(emulated)
+    # What the step's arguments hold beyond weights, state and batch
+    # (step counters, metric and seed variables): in `temporaries`.
+    rest = sizes["arguments"] - (
+        state["parameters"] + state["optimizer_state"] + state["inputs"]
+    )
+    settings = _settings_of(s, batch_size)
+    settings["jit_compile"] = True
+    return MemoryEstimate(
+        parameters=int(state["parameters"]),
+        gradients=0,
+        optimizer_state=int(state["optimizer_state"]),
+        accumulation=0,
+        inputs=int(state["inputs"]),
+        activations=0,
+        temporaries=int(sizes["temporary"] + sizes["outputs"] + max(rest, 0)),
+        settings=settings,
+        notes=notes,
+        compiled={**sizes, "compile_seconds": round(seconds, 2)},
     )
 
 

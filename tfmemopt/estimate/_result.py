@@ -69,6 +69,10 @@ class MemoryEstimate:
             whose micro-batches run one after another, not in a while
             loop). `tfmemopt.plan` keeps
             `total + run_ahead` within the budget.
+        compiled: Dict, empty unless the step was compiled with XLA
+            (`jit_compile`): XLA's buffer assignment in bytes
+            (`"arguments"`, `"temporary"`, `"outputs"`, `"largest"`
+            temporary allocation) and `"compile_seconds"`.
         settings: Dict, the settings the estimate was made for.
         layers: List of `(layer, bytes)`: activations kept, per layer.
         notes: List of str: assumptions and warnings.
@@ -88,6 +92,7 @@ class MemoryEstimate:
     gathered: int = 0
     terms: dict = dataclasses.field(default_factory=dict)
     run_ahead: int = 0
+    compiled: dict = dataclasses.field(default_factory=dict)
 
     @property
     def total(self) -> int:
@@ -103,6 +108,8 @@ class MemoryEstimate:
         out["settings"] = dict(self.settings)
         out["layers"] = [[name, int(n)] for name, n in self.layers]
         out["notes"] = list(self.notes)
+        if self.compiled:
+            out["compiled"] = dict(self.compiled)
         return out
 
     def table(self, top: int = 5) -> str:

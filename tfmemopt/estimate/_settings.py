@@ -73,6 +73,8 @@ def resolve_settings(
     shard_parameters=None,
 ) -> Settings:
     """Checks the arguments and resolves them into the step's settings."""
+    if accumulation_steps is None:
+        accumulation_steps = own_accumulation(model, batch_size, replicas)
     check_counts(model, batch_size, accumulation_steps, replicas)
     trainer = resolve_trainer(trainer, model, accumulation_steps)
     dtype_policy = resolve_policy(policy, model)
@@ -182,6 +184,23 @@ def check_floor(min_counted_bytes) -> int:
 def counted(nbytes: int, s: Settings) -> int:
     """`nbytes` as the allocator's statistics count one allocation."""
     return 0 if nbytes < s.floor else nbytes
+
+
+def own_accumulation(model, batch_size: int, replicas: int) -> int:
+    """The `accumulation_steps` to estimate a `tfmemopt.Model` at: its own,
+    or from its `micro_batch_size` `m` the most steps whose micro-batches
+    (`ceil(B / steps)`, as the estimate takes them) are no smaller than
+    `m` (exact where `m` divides the largest replica's batch `B`, else a
+    micro-batch a little larger than `m`, so never an estimate below the
+    step that ran); 1 for any other model."""
+    if not isinstance(model, Model):
+        return 1
+    if model.accumulation_steps:
+        return int(model.accumulation_steps)
+    if model.micro_batch_size:
+        per_replica = -(-batch_size // max(1, replicas))
+        return max(1, per_replica // model.micro_batch_size)
+    return 1
 
 
 def check_counts(model, batch_size, accumulation_steps, replicas) -> None:

@@ -25,7 +25,6 @@ from tfmemopt._utils import check_int
 from tfmemopt._utils import format_mib as _mib
 from tfmemopt._utils import keyword_options
 from tfmemopt._utils import step_regime
-from tfmemopt.accumulation import Model
 from tfmemopt.accumulation._fit_hooks import add_fit_hook
 from tfmemopt.estimate import estimate_memory
 from tfmemopt.precision._weights_16bit import low_precision_update_findings
@@ -78,7 +77,10 @@ class OOMReport:
             lines.append(f"  step ran under: {REGIME_TEXT[self.regime]}")
             if self.regime == "xla" and self.estimate is not None:
                 lines.append(
-                    "  (the estimate and the plan model the graph "
+                    "  (the estimate and the plan are read from XLA's "
+                    "buffer assignment of the compiled step: docs/xla.md)"
+                    if self.estimate.compiled
+                    else "  (the estimate and the plan model the graph "
                     "executor; XLA's peak can differ: docs/xla.md)"
                 )
         if self.device_memory is not None:
@@ -169,7 +171,6 @@ def build_report(
             batch_size,
             optimizer=getattr(model, "optimizer", None),
             replicas=replicas,
-            accumulation_steps=_own_accumulation(model, batch_size, replicas),
         )
     except Exception as e:  # noqa: BLE001
         report.plan_error = f"no estimate ({type(e).__name__}: {e})"
@@ -195,23 +196,6 @@ def build_report(
     except Exception as e:  # noqa: BLE001
         report.plan_error = f"{type(e).__name__}: {e}"
     return report
-
-
-def _own_accumulation(model, batch_size: int, replicas: int) -> int:
-    """The `accumulation_steps` to estimate a `tfmemopt.Model` at: its own,
-    or from its `micro_batch_size` `m` the most steps whose micro-batches
-    (`ceil(B / steps)`, as the estimate takes them) are no smaller than
-    `m` (exact where `m` divides the largest replica's batch `B`, else a
-    micro-batch a little larger than `m`, so never an estimate below the
-    step that ran); 1 for any other model."""
-    if not isinstance(model, Model):
-        return 1
-    if model.accumulation_steps:
-        return int(model.accumulation_steps)
-    if model.micro_batch_size:
-        per_replica = -(-batch_size // max(1, replicas))
-        return max(1, per_replica // model.micro_batch_size)
-    return 1
 
 
 def fit_batch_size(args: tuple, kwargs: dict) -> int | None:

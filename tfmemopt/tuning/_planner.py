@@ -15,6 +15,7 @@ import math
 import keras
 
 from tfmemopt._compat import compiled_metric_names
+from tfmemopt._utils import auto_jit_compile_here
 from tfmemopt._utils import check_int
 from tfmemopt._utils import cpu_has_native_bfloat16
 from tfmemopt._utils import format_mib as _mib
@@ -63,8 +64,27 @@ def _fit_by(candidate, margin) -> int:
     `peak + run_ahead` must fit the whole budget too (a bound needs no
     margin on top)."""
     peak, more = candidate["peak"], candidate["run_ahead"]
+    if candidate.get("compiled"):
+        # XLA's own figure: within XLA_ERROR of the step on the held-out
+        # set, plus what a CPU allocator's chunk may add; that bound must
+        # fit the whole budget, the user's margin is not needed on top.
+        bound = peak * (1 + XLA_ERROR) + candidate.get("slack", 0)
+        candidate["fit"] = max(peak, math.ceil(bound * (1 - margin)))
+        return candidate["fit"]
     candidate["fit"] = max(peak, math.ceil((peak + more) * (1 - margin)))
     return candidate["fit"]
+
+
+def _chunk_slack(est) -> int:
+    """What TensorFlow's CPU allocator may count beyond XLA's figure: it
+    grows in regions of powers of two and keeps a chunk whole (not split)
+    unless the rest is at least the request or 128 MiB, so the temporary
+    buffer may count up to min(its size, 128 MiB) more. 0 on a GPU or TPU
+    (their allocators take the memory up front and split it) and for an
+    estimate that was not compiled."""
+    if not est.compiled or auto_jit_compile_here():
+        return 0
+    return min(int(est.compiled.get("largest", 0)), 128 * 2**20)
 
 
 def choose(candidates: list[dict], budget: int) -> dict | None:
@@ -122,6 +142,10 @@ def _steps_options(per_replica, multiple_of, allow) -> list[list[int]]:
 # plan's peak within the budget up to 1/0.75 = 1.33x its estimate (0.15,
 # the default until issue #23, covered 24 of the 28 held-out cases).
 MARGIN = 0.25
+# Under XLA the estimate is XLA's buffer assignment of the compiled step:
+# the worst error on the held-out set of benchmarks/estimator_xla.py
+# (BENCHMARKS.md, section estimator_xla), rounded up.
+XLA_ERROR = 0.08
 
 
 @keyword_options
@@ -191,7 +215,13 @@ def plan(
             the largest measured peak was 1.30x its estimate; 0.25 covers
             every case (recurrent layers with accumulation, up to 1.75x,
             through `run_ahead`, which must fit the whole budget). Use
-            `verify=True` to measure.
+            `verify=True` to measure. Under XLA (a model compiled with
+            `jit_compile=True`, or `"auto"` on a GPU or TPU) each candidate
+            is compiled and its estimate is XLA's own (docs/estimator.md):
+            then the estimate x 1.08 (the held-out set's worst error,
+            rounded up), plus on a CPU what the allocator's chunk may add
+            (up to 128 MiB), must fit the whole budget, and `margin` is not
+            applied on top.
         input_shape: `None`, one sample's shape, a list or a dict of them,
             as for `estimate_memory`: for inputs of unknown size.
         sequence_length: `None` or Int, as for `estimate_memory`: the size
@@ -402,6 +432,8 @@ def _candidate(est, policy, ckpt, steps, micro, time) -> dict:
         "gathered": int(est.gathered),
         "terms": dict(est.terms),
         "run_ahead": int(est.run_ahead),
+        "compiled": bool(est.compiled),
+        "slack": _chunk_slack(est),
     }
 
 
