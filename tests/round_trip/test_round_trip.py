@@ -19,6 +19,8 @@ state, and one more epoch trained from it equals the uninterrupted run to
 
 from __future__ import annotations
 
+import keras
+import numpy as np
 import pytest
 
 from tests.round_trip import cases
@@ -93,3 +95,24 @@ def test_wrap_restores_the_policies_of_nested_models(tmp_path):
         layer.name: layer.dtype_policy.name for layer in loaded.inner.layers
     }
     assert policies["block"] == "mixed_float16", policies
+
+
+def test_same_archive_sees_one_changed_array(tmp_path):
+    """The model_checkpoint way reuses the save way's results only for an
+    equal file (cases.same_archive): saved twice, equal; one weight moved
+    by one float32 step, or the config changed, not."""
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile("adam", "mse")
+    a, b, c, d = (str(tmp_path / f"{n}.keras") for n in "abcd")
+    model.save(a)
+    model.save(b)
+    assert cases.same_archive(a, b)
+    kernel = model.layers[0].kernel
+    value = kernel.numpy()
+    value[0, 0] = np.nextafter(value[0, 0], np.float32(np.inf))
+    kernel.assign(value)
+    model.save(c)
+    assert not cases.same_archive(a, c)
+    model.layers[0].trainable = False
+    model.save(d)
+    assert not cases.same_archive(c, d)
