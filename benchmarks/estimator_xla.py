@@ -78,25 +78,13 @@ CASES = {
     ),
 }
 
-_CHILD = r"""
+_BUILD = r"""
 import json, os, statistics, sys, warnings
 warnings.filterwarnings("ignore")
 import numpy as np, keras, tensorflow as tf
 from keras import layers
 import tfmemopt
 from tfmemopt.memory import device_memory, reset_peak
-name, batch, options, mode = json.loads(sys.argv[1])
-if mode == "grown":
-    t = tf.raw_ops.Empty(shape=[1 << 30], dtype=tf.float32, init=False)
-    del t
-tf.constant(0.0) + 1.0
-base = device_memory()["current"]
-keras.utils.set_random_seed(0)
-rng = np.random.default_rng(0)
-policy = options.pop("policy", None)
-if policy:
-    keras.config.set_dtype_policy(policy)
-
 def dense(width, depth, features, bn=False):
     inp = keras.Input((features,)); h = inp
     for _ in range(depth):
@@ -209,48 +197,70 @@ def hub(kind):
         lm = keras_hub.models.LlamaCausalLM(backbone=bb, preprocessor=None)
     return lm, T, V
 
-family = name
-x = y = None
-if name.startswith(("gpt2", "llama")):
-    lm, T, V = hub(name)
-    model = tfmemopt.Model.wrap(lm, **options)
-    x = {"token_ids": rng.integers(0, V, (batch, T)).astype("int32"),
-         "padding_mask": np.ones((batch, T), "int32")}
-    y = rng.integers(0, V, (batch, T)).astype("int32")
-    est_kwargs = {"sequence_length": T}
-else:
-    if name.startswith("mlp"):
-        spec = {"mlp_relu": (1024, 4, 512), "mlp_deep": (512, 8, 256),
-                "mlp_bn_dropout": (1024, 3, 784),
-                "mlp_wide_acc4": (4096, 2, 1024)}[name]
-        built = dense(*spec, bn=name == "mlp_bn_dropout")
-    elif name == "mobilenet_v2":
-        m = keras.applications.MobileNetV2(input_shape=(96, 96, 3),
-            alpha=0.35, weights=None, classes=10)
-        built = (m.inputs[0], m.outputs[0], ("f", (96, 96, 3)), 10)
-    elif name in ("cnn_bn", "vgg_small", "resnet_small_ckpt", "separable_acc2"):
-        built = conv(name)
-    elif name in ("lstm", "gru_stack", "bilstm_acc2"):
-        built = recurrent(name)
-    elif name in ("encoder", "decoder_causal", "vit_small", "encoder_ckpt",
-                  "encoder_bf16"):
-        built = attention("decoder_causal" if name == "decoder_causal"
-                          else "vit_small" if name == "vit_small"
-                          else "encoder")
+def build_case(name, batch, options):
+    # (model, x, y, estimate_memory's extra arguments) of a case
+    options = dict(options)
+    rng = np.random.default_rng(0)
+    policy = options.pop("policy", None)
+    if policy:
+        keras.config.set_dtype_policy(policy)
+    x = y = None
+    if name.startswith(("gpt2", "llama")):
+        lm, T, V = hub(name)
+        model = tfmemopt.Model.wrap(lm, **options)
+        x = {"token_ids": rng.integers(0, V, (batch, T)).astype("int32"),
+             "padding_mask": np.ones((batch, T), "int32")}
+        y = rng.integers(0, V, (batch, T)).astype("int32")
+        est_kwargs = {"sequence_length": T}
     else:
-        built = text(name)
-    inp, out, xspec, classes = built
-    model = tfmemopt.Model(inp, out, **options)
-    if xspec[0] == "f":
-        x = rng.random((batch,) + xspec[1], dtype="float32")
-    else:
-        x = rng.integers(0, xspec[2], (batch,) + xspec[1]).astype("int32")
-    if isinstance(classes, tuple):
-        y = rng.integers(0, classes[1], (batch,) + xspec[1]).astype("int32")
-    else:
-        y = rng.integers(0, classes, (batch,)).astype("int32")
-    est_kwargs = {}
-keras.config.set_dtype_policy("float32")
+        if name.startswith("mlp"):
+            spec = {"mlp_relu": (1024, 4, 512), "mlp_deep": (512, 8, 256),
+                    "mlp_bn_dropout": (1024, 3, 784),
+                    "mlp_wide_acc4": (4096, 2, 1024)}[name]
+            built = dense(*spec, bn=name == "mlp_bn_dropout")
+        elif name == "mobilenet_v2":
+            m = keras.applications.MobileNetV2(input_shape=(96, 96, 3),
+                alpha=0.35, weights=None, classes=10)
+            built = (m.inputs[0], m.outputs[0], ("f", (96, 96, 3)), 10)
+        elif name in ("cnn_bn", "vgg_small", "resnet_small_ckpt",
+                      "separable_acc2"):
+            built = conv(name)
+        elif name in ("lstm", "gru_stack", "bilstm_acc2"):
+            built = recurrent(name)
+        elif name in ("encoder", "decoder_causal", "vit_small", "encoder_ckpt",
+                      "encoder_bf16"):
+            built = attention("decoder_causal" if name == "decoder_causal"
+                              else "vit_small" if name == "vit_small"
+                              else "encoder")
+        else:
+            built = text(name)
+        inp, out, xspec, classes = built
+        model = tfmemopt.Model(inp, out, **options)
+        if xspec[0] == "f":
+            x = rng.random((batch,) + xspec[1], dtype="float32")
+        else:
+            x = rng.integers(0, xspec[2], (batch,) + xspec[1]).astype("int32")
+        if isinstance(classes, tuple):
+            y = rng.integers(0, classes[1], (batch,) + xspec[1]).astype("int32")
+        else:
+            y = rng.integers(0, classes, (batch,)).astype("int32")
+        est_kwargs = {}
+    keras.config.set_dtype_policy("float32")
+    return model, x, y, est_kwargs
+"""
+
+_CHILD = (
+    _BUILD
+    + r"""
+name, batch, options, mode = json.loads(sys.argv[1])
+if mode == "grown":
+    t = tf.raw_ops.Empty(shape=[1 << 30], dtype=tf.float32, init=False)
+    del t
+tf.constant(0.0) + 1.0
+base = device_memory()["current"]
+keras.utils.set_random_seed(0)
+
+model, x, y, est_kwargs = build_case(name, batch, options)
 model.compile(
     optimizer=keras.optimizers.Adam(1e-3),
     loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
@@ -270,6 +280,7 @@ if mode == "grown":
     out["fallback"] = [n for n in est.notes if "not compiled" in n]
 print("@@" + json.dumps(out))
 """
+)
 
 
 def cell(name, mode):

@@ -138,13 +138,13 @@ emit([min(peaks), est.total])
 """
 
 
-@pytest.mark.parametrize("acc", [1, 4])
-def test_the_compiled_estimate_is_the_measured_step(acc):
+def test_the_compiled_estimate_is_the_measured_step():
     """The step measured under XLA on this CPU against the estimate, both
-    in one fresh process: within 5% (the held-out set in
-    benchmarks/estimator_xla.py: see BENCHMARKS.md)."""
+    in one fresh process, with 4 micro-batches (the model's own, which the
+    estimate takes): within 5% (the held-out set, one device and every
+    option, is benchmarks/estimator_xla.py: see BENCHMARKS.md)."""
     measured, estimate = run_in_subprocess(
-        _MEASURE.format(acc=acc), n_cpus=1, timeout=300
+        _MEASURE.format(acc=4), n_cpus=1, timeout=300
     )
     assert measured > 0
     assert abs(estimate - measured) / measured <= 0.05, (estimate, measured)
