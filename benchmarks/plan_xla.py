@@ -5,7 +5,8 @@ not needlessly cautious.
 For each model (six of benchmarks/estimator_xla.py's held-out set, one per
 family), in a fresh process with TensorFlow's allocator grown first (every
 allocation at its own size, as on a GPU: see estimator_xla.py): plain
-Keras's step under XLA is measured; the budget is half of it; `plan(model,
+Keras's step under XLA is measured; the budget is halfway from what the
+weights and optimizer state hold to that peak; `plan(model,
 batch, budget)` (compiled with `jit_compile=True`, so each candidate is
 compiled and estimated by XLA) chooses; the chosen plan is applied and its
 step measured. Reported: the plan, its estimate, the measured peak, the
@@ -79,12 +80,15 @@ def step_peak(m):
 
 if settings is None:
     plain = step_peak(model)
-    budget = int(plain * share)
+    # Halfway from what the weights and the optimizer state hold (which
+    # no plan here changes) to plain Keras's step.
+    state = device_memory()["current"] - base
+    budget = int(state + share * (plain - state))
     p = tfmemopt.plan(model, batch, budget,
                       allow=("accumulation", "checkpointing"),
                       sequence_length=x["token_ids"].shape[1]
                       if isinstance(x, dict) else None)
-    out = {"plain": plain, "budget": budget,
+    out = {"plain": plain, "budget": budget, "state": state,
            "steps": p.accumulation_steps,
            "checkpointing": p.checkpointing, "estimate": p.estimated_peak,
            "considered": [[c["accumulation_steps"], c["checkpointing"],
@@ -179,7 +183,8 @@ def main():
         "## plan_xla\n\n"
         "`tfmemopt.plan` under XLA (each candidate compiled and estimated "
         'by XLA; `allow=("accumulation", "checkpointing")`), budget '
-        f"{SHARE:.0%} of plain Keras's step under XLA, the plan applied "
+        f"{SHARE:.0%} of the way from the weights and optimizer state to "
+        "plain Keras's step under XLA, the plan applied "
         "and measured in a fresh process (allocator grown first, as on a "
         "GPU): `python benchmarks/plan_xla.py`. `less cautious`: the "
         "candidate one step less cautious that the plan rejected, "

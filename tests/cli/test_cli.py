@@ -226,3 +226,19 @@ def test_subcommand_table_takes_new_commands(capsys):
 def test_no_command_prints_help_and_fails(capsys):
     assert cli.main([]) == 2
     assert "estimate" in capsys.readouterr().out
+
+
+def test_estimate_jit_compile(tmp_path, capsys):
+    """#49: --jit-compile true compiles the step and reads XLA's figure;
+    false and this CPU-only machine's auto give the executor's."""
+    _, path = _saved_model(tmp_path)
+    args = ["estimate", path, "--batch-size", "32", "--json"]
+    assert cli.main(args + ["--jit-compile", "true"]) == 0
+    compiled = json.loads(capsys.readouterr().out)
+    assert compiled["settings"]["jit_compile"] is True
+    assert compiled["compiled"]["temporary"] > 0
+    assert cli.main(args + ["--jit-compile", "false"]) == 0
+    assert "compiled" not in json.loads(capsys.readouterr().out)
+    with pytest.raises(SystemExit):
+        cli.main(args + ["--jit-compile", "maybe"])
+    assert "auto, true or false" in capsys.readouterr().err
