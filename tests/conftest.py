@@ -22,7 +22,6 @@ import socket
 import subprocess
 import sys
 import textwrap
-import time
 
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -117,54 +116,118 @@ def _free_ports(n):
     return ports
 
 
-def launch_workers(script, tmp, tag, args=(), n=2):
-    """Starts `n` processes of `script` as the workers of one
-    MultiWorkerMirroredStrategy cluster on free local ports. Worker `i`
-    gets `tmp/{tag}{i}.json` (its result file) and `args`; its output goes
-    to `tmp/{tag}{i}.log`. Returns `(processes, result paths)`."""
+# The workers of a multi-worker test, forked from one interpreter after
+# the imports (~7 s of CPU each: four of them
+# were a third of this file's CPU time). Like tests/_forkserver.py, the
+# parent never makes a device or runs an op, so each child starts
+# TensorFlow's runtime (and its gRPC server, from TF_CONFIG) itself, as a
+# fresh interpreter would. The parent waits for both (or, with
+# until_any_dies, for the first and then kills the other) and writes
+# their exit codes.
+_LAUNCHER = r"""
+import json, os, runpy, signal, sys, traceback
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import gc, numpy, tensorflow, keras, tfmemopt  # noqa: F401
+gc.freeze()  # the workers' collections skip the imports
+spec = json.loads(sys.argv[1])
+sys.stdout.flush()
+sys.stderr.flush()
+pids = []
+for i, (config, out, log) in enumerate(spec["workers"]):
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            os.dup2(fd, 1)
+            os.dup2(fd, 2)
+            os.close(fd)
+            os.environ["TF_CONFIG"] = config
+            sys.argv = [spec["script"], out, *spec["args"]]
+            runpy.run_path(spec["script"], run_name="__main__")
+            code = 0
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else int(
+                e.code is not None)
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            try:
+                sys.stdout.flush()
+                sys.stderr.flush()
+            finally:
+                os._exit(code)
+    pids.append(pid)
+codes = [None] * len(pids)
+while None in codes:
+    pid, status = os.wait()
+    codes[pids.index(pid)] = os.waitstatus_to_exitcode(status)
+    if spec["until_any_dies"]:
+        for p, c in zip(pids, codes):
+            if c is None:
+                os.kill(p, signal.SIGKILL)
+with open(spec["codes"], "w") as f:
+    json.dump(codes, f)
+"""
+
+
+def run_workers(
+    script, tmp, tag, args=(), until_any_dies=False, n=2, timeout=360
+):
+    """Runs `n` workers of `script` as the workers of one
+    MultiWorkerMirroredStrategy cluster on free local ports (worker `i`:
+    `tmp/{tag}{i}.json` for its result, `tmp/{tag}{i}.log` for its
+    output; `script` is run with `sys.argv = [script, result path,
+    *args]`); returns their exit codes and result paths. Fails the test
+    with their logs after `timeout` seconds, leaving none running."""
     cluster = {"worker": [f"127.0.0.1:{p}" for p in _free_ports(n)]}
-    procs, outs = [], []
-    for i in range(n):
-        env = dict(os.environ)
-        env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-        env["TF_CONFIG"] = json.dumps(
-            {"cluster": cluster, "task": {"type": "worker", "index": i}}
+    outs = [tmp / f"{tag}{i}.json" for i in range(n)]
+    spec = {
+        "script": str(script),
+        "args": [str(a) for a in args],
+        "until_any_dies": until_any_dies,
+        "codes": str(tmp / f"{tag}.codes.json"),
+        "workers": [
+            [
+                json.dumps(
+                    {"cluster": cluster, "task": {"type": "worker", "index": i}}
+                ),
+                str(outs[i]),
+                str(tmp / f"{tag}{i}.log"),
+            ]
+            for i in range(n)
+        ],
+    }
+    env = dict(os.environ)
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env.pop("TPU_NAME", None)
+    env.pop("TF_CONFIG", None)
+    launcher = tmp / f"{tag}.launcher.log"
+    with open(launcher, "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _LAUNCHER, json.dumps(spec)],
+            env=env,
+            stdout=log,
+            stderr=log,
+            cwd=ROOT,
+            start_new_session=True,  # its own group: the workers too
         )
-        env.pop("TPU_NAME", None)
-        out = tmp / f"{tag}{i}.json"
-        log = open(tmp / f"{tag}{i}.log", "w")
-        cmd = [sys.executable, str(script), str(out), *map(str, args)]
-        procs.append(
-            subprocess.Popen(cmd, env=env, stdout=log, stderr=log, cwd=ROOT)
-        )
-        outs.append(out)
-    return procs, outs
-
-
-def wait_workers(procs, tmp, tag, timeout, until_any_dies=False):
-    """Waits for the workers (or the first to exit); always leaves none
-    running. Fails the test with their logs after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
     try:
-        while time.monotonic() < deadline:
-            codes = [p.poll() for p in procs]
-            if all(c is not None for c in codes):
-                return codes
-            if until_any_dies and any(c is not None for c in codes):
-                return codes
-            time.sleep(0.5)
-        logs = [
-            (tmp / f"{tag}{i}.log").read_text()[-3000:]
-            for i in range(len(procs))
-        ]
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        logs = [(tmp / f"{tag}{i}.log").read_text()[-3000:] for i in range(n)]
         pytest.fail(
             f"workers did not finish in {timeout}s:\n" + "\n".join(logs)
         )
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGKILL)
-                p.wait(timeout=30)
+        if proc.poll() is None:  # timed out or interrupted: the whole group
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    codes_path = tmp / f"{tag}.codes.json"
+    if proc.returncode != 0 or not codes_path.exists():
+        pytest.fail(f"the launcher failed:\n{launcher.read_text()[-4000:]}")
+    return json.loads(codes_path.read_text()), outs
 
 
 def read_workers(outs, tmp, tag):

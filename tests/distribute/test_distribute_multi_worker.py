@@ -22,17 +22,12 @@ imported TensorFlow, Keras and tfmemopt, whose runtime it never starts).
 Every launch is bounded in time: past it the test kills its process group.
 """
 
-import json
-import os
 import signal
-import socket
-import subprocess
-import sys
 
 import numpy as np
 import pytest
-from conftest import ROOT
 from conftest import read_workers
+from conftest import run_workers
 from conftest import saved_optimizer_state as _optimizer_state
 
 WORKER = r"""
@@ -186,125 +181,6 @@ if mode == "first":
 
 TIMEOUT = 360  # seconds for each launch of the two workers
 
-# conftest's launch_workers and wait_workers, with the two workers forked
-# from one interpreter after the imports (~7 s of CPU each: four of them
-# were a third of this file's CPU time). Like tests/_forkserver.py, the
-# parent never makes a device or runs an op, so each child starts
-# TensorFlow's runtime (and its gRPC server, from TF_CONFIG) itself, as a
-# fresh interpreter would. The parent waits for both (or, with
-# until_any_dies, for the first and then kills the other) and writes
-# their exit codes.
-LAUNCHER = r"""
-import json, os, runpy, signal, sys, traceback
-os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-import gc, numpy, tensorflow, keras, tfmemopt  # noqa: F401
-gc.freeze()  # the workers' collections skip the imports
-spec = json.loads(sys.argv[1])
-sys.stdout.flush()
-sys.stderr.flush()
-pids = []
-for i, (config, out, log) in enumerate(spec["workers"]):
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-            os.dup2(fd, 1)
-            os.dup2(fd, 2)
-            os.close(fd)
-            os.environ["TF_CONFIG"] = config
-            sys.argv = [spec["script"], out, *spec["args"]]
-            runpy.run_path(spec["script"], run_name="__main__")
-            code = 0
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else int(
-                e.code is not None)
-        except BaseException:
-            traceback.print_exc()
-        finally:
-            try:
-                sys.stdout.flush()
-                sys.stderr.flush()
-            finally:
-                os._exit(code)
-    pids.append(pid)
-codes = [None] * len(pids)
-while None in codes:
-    pid, status = os.wait()
-    codes[pids.index(pid)] = os.waitstatus_to_exitcode(status)
-    if spec["until_any_dies"]:
-        for p, c in zip(pids, codes):
-            if c is None:
-                os.kill(p, signal.SIGKILL)
-with open(spec["codes"], "w") as f:
-    json.dump(codes, f)
-"""
-
-
-def _free_ports(n):
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
-def _launch(script, tmp, tag, args, until_any_dies=False, n=2):
-    """Runs `n` workers of `script` (worker `i`: `tmp/{tag}{i}.json` for
-    its result, `tmp/{tag}{i}.log` for its output) as one cluster on free
-    local ports; returns their exit codes and result paths. Fails the
-    test with their logs after TIMEOUT seconds, leaving none running."""
-    cluster = {"worker": [f"127.0.0.1:{p}" for p in _free_ports(n)]}
-    outs = [tmp / f"{tag}{i}.json" for i in range(n)]
-    spec = {
-        "script": str(script),
-        "args": [str(a) for a in args],
-        "until_any_dies": until_any_dies,
-        "codes": str(tmp / f"{tag}.codes.json"),
-        "workers": [
-            [
-                json.dumps(
-                    {"cluster": cluster, "task": {"type": "worker", "index": i}}
-                ),
-                str(outs[i]),
-                str(tmp / f"{tag}{i}.log"),
-            ]
-            for i in range(n)
-        ],
-    }
-    env = dict(os.environ)
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    env.pop("TPU_NAME", None)
-    env.pop("TF_CONFIG", None)
-    launcher = tmp / f"{tag}.launcher.log"
-    with open(launcher, "w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", LAUNCHER, json.dumps(spec)],
-            env=env,
-            stdout=log,
-            stderr=log,
-            cwd=ROOT,
-            start_new_session=True,  # its own group: the workers too
-        )
-    try:
-        proc.wait(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        logs = [(tmp / f"{tag}{i}.log").read_text()[-3000:] for i in range(n)]
-        pytest.fail(
-            f"workers did not finish in {TIMEOUT}s:\n" + "\n".join(logs)
-        )
-    finally:
-        if proc.poll() is None:  # timed out or interrupted: the whole group
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    codes_path = tmp / f"{tag}.codes.json"
-    if proc.returncode != 0 or not codes_path.exists():
-        pytest.fail(f"the launcher failed:\n{launcher.read_text()[-4000:]}")
-    return json.loads(codes_path.read_text()), outs
-
 
 def _max_diff(a, b):
     return max(float(np.max(np.abs(np.subtract(p, q)))) for p, q in zip(a, b))
@@ -317,11 +193,18 @@ def runs(tmp_path_factory):
     script.write_text(WORKER)
     backup = str(tmp / "backup")
     # The uninterrupted run, then (same processes) the one worker 1 kills.
-    killed, outs = _launch(
-        script, tmp, "plain", (backup, "first"), until_any_dies=True
+    killed, outs = run_workers(
+        script,
+        tmp,
+        "plain",
+        (backup, "first"),
+        until_any_dies=True,
+        timeout=TIMEOUT,
     )
     plain = read_workers(outs, tmp, "plain")
-    restart_codes, outs = _launch(script, tmp, "restart", (backup, "restart"))
+    restart_codes, outs = run_workers(
+        script, tmp, "restart", (backup, "restart"), timeout=TIMEOUT
+    )
     restarted = read_workers(outs, tmp, "restart")
     return {
         "tmp": tmp,

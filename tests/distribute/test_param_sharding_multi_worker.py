@@ -26,10 +26,9 @@ trains it on one device. Checked, in one pair of processes:
 
 import numpy as np
 import pytest
-from conftest import launch_workers
 from conftest import read_workers
+from conftest import run_workers
 from conftest import saved_optimizer_state
-from conftest import wait_workers
 
 WORKER = r"""
 import json, os, sys, tempfile
@@ -239,9 +238,10 @@ TIMEOUT = 240
 def _run_workers(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    procs, outs = launch_workers(script, tmp_path, "w")
-    wait_workers(procs, tmp_path, "w", TIMEOUT)
-    return read_workers(outs, tmp_path, "w")
+    codes, outs = run_workers(script, tmp_path, "w", timeout=TIMEOUT)
+    results = read_workers(outs, tmp_path, "w")
+    assert codes == [0, 0], codes
+    return results
 
 
 def _gaps(a, b, w0):
