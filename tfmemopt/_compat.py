@@ -407,3 +407,18 @@ def train_step_function(model):
             if hasattr(step, "get_concrete_function"):
                 return step
     return None
+
+
+def auto_jit_compile(model) -> bool:
+    """What Keras's `compile(jit_compile="auto")` resolves to for `model`
+    on this machine (its private `_resolve_auto_jit_compile`: off on a
+    CPU-only machine, under a distribution strategy, with op determinism
+    and where a layer does not support XLA), without setting it."""
+    return bool(model._resolve_auto_jit_compile())
+
+
+def compiled_jit_compile(model):
+    """The `jit_compile` the model was compiled with (a bool once
+    compiled; `None` before): Keras's private `_jit_compile`, read without
+    the `jit_compile` property's side effect of resolving it."""
+    return getattr(model, "_jit_compile", None)

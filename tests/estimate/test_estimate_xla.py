@@ -55,15 +55,16 @@ def test_buffer_sizes_of_a_function_by_hand():
 
 
 def test_auto_resolves_as_keras_does_on_this_machine():
-    """On a CPU-only machine Keras leaves XLA off ("auto"); a model
-    compiled with jit_compile=True is estimated compiled; replicas turn
-    "auto" off (Keras: no XLA under tf.distribute)."""
+    """None and "auto" give what Keras's compile(jit_compile="auto") gives
+    on this machine; a model compiled with jit_compile=True is estimated
+    compiled; replicas turn "auto" off (Keras: no XLA under
+    tf.distribute)."""
     model = _mlp()
-    accelerators = [
-        d for d in tf.config.list_physical_devices() if d.device_type != "CPU"
-    ]
-    assert resolve_jit_compile(model, None, 1) is bool(accelerators)
-    assert resolve_jit_compile(model, "auto", 2) is False
+    keras_model = _mlp()
+    keras_model.compile(optimizer="adam", loss="mse", jit_compile="auto")
+    assert resolve_jit_compile(model, None, 1) is keras_model.jit_compile
+    assert resolve_jit_compile(model, "auto", 1) is keras_model.jit_compile
+    assert resolve_jit_compile(model, True, 2) is True  # asked for
     assert resolve_jit_compile(model, True, 1) is True
     model.compile(optimizer="adam", loss="mse", jit_compile=True)
     assert resolve_jit_compile(model, None, 1) is True
@@ -73,16 +74,28 @@ def test_auto_resolves_as_keras_does_on_this_machine():
 
 def test_compiled_estimate_leaves_the_model_as_it_was():
     """The compile uses a copy of the optimizer: the model's is not built
-    by an estimate, its weights are untouched, and it trains after."""
-    model = _mlp()
-    before = [w.numpy().copy() for w in model.weights]
+    by an estimate, its variables (weights, BatchNorm's statistics, the
+    Dropout's seed state, which `weights` leaves out) are untouched, and
+    it trains after."""
+    inp = keras.Input((64,))
+    h = keras.layers.Dense(256)(inp)
+    h = keras.layers.BatchNormalization()(h)
+    h = keras.layers.Dropout(0.1)(h)
+    model = tfmemopt.Model(inp, keras.layers.Dense(10)(h))
+    model.compile(
+        optimizer="adam",
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["sparse_categorical_accuracy"],
+    )
+    assert len(model.variables) > len(model.weights)  # the seed state
+    before = [v.numpy().copy() for v in model.variables]
     est = tfmemopt.estimate_memory(model, 32, jit_compile=True)
     assert est.compiled and est.compiled["temporary"] > 0
     assert est.settings["jit_compile"] is True
     assert est.gradients == est.activations == 0
     assert not model.optimizer.built
-    for a, w in zip(before, model.weights):
-        np.testing.assert_array_equal(a, w.numpy())
+    for a, v in zip(before, model.variables):
+        np.testing.assert_array_equal(a, v.numpy())
     x = np.zeros((32, 64), "float32")
     model.fit(x, np.zeros(32, "int32"), epochs=1, verbose=0)
     assert "buffer assignment" in est.table()
@@ -101,11 +114,30 @@ def test_accumulation_is_compiled_into_the_step():
     assert acc.settings["accumulation_steps"] == 4
 
 
-def test_replicas_fall_back_to_the_executor_with_a_note():
+@pytest.mark.parametrize(
+    "kwargs", [dict(replicas=2), dict(checkpointing=1)], ids=["replicas", "int"]
+)
+def test_what_is_not_compiled_falls_back_with_a_note(kwargs):
+    """Replicas (Keras turns XLA off under a strategy) and checkpointing by
+    layers per segment (estimated by rule): the executor's estimate, and a
+    note that says why, never a compiled figure without the option."""
     model = _mlp()
-    est = tfmemopt.estimate_memory(model, 32, jit_compile=True, replicas=2)
-    assert not est.compiled
+    est = tfmemopt.estimate_memory(model, 32, jit_compile=True, **kwargs)
+    assert not est.compiled and est.settings["jit_compile"] is False
     assert any("not compiled with XLA here" in n for n in est.notes)
+
+
+def test_a_subclass_with_its_own_train_step_is_not_compiled_as_ours():
+    class Own(keras.Model):
+        def train_step(self, data):
+            return super().train_step(data)
+
+    inp = keras.Input((8,))
+    model = Own(inp, keras.layers.Dense(2)(inp))
+    model.compile(optimizer="sgd", loss="mse")
+    est = tfmemopt.estimate_memory(model, 4, jit_compile=True)
+    assert not est.compiled
+    assert any("its own train_step" in n for n in est.notes)
 
 
 _MEASURE = """

@@ -19,12 +19,15 @@ a larger chunk of its own and count the chunk (docs/xla.md).
 
 from __future__ import annotations
 
-import contextlib
+import math
 import time
 
 import keras
 import tensorflow as tf
 
+from tfmemopt._compat import auto_jit_compile
+from tfmemopt._compat import compiled_jit_compile
+from tfmemopt._compat import compiled_metrics
 from tfmemopt._utils import format_bytes
 from tfmemopt.accumulation import Model
 from tfmemopt.estimate._checkpointed_trace import library_checkpointing
@@ -33,6 +36,8 @@ from tfmemopt.estimate._input_specs import _as_call_arg
 from tfmemopt.estimate._input_specs import _loss_and_target_specs
 from tfmemopt.estimate._input_specs import _output_shapes
 from tfmemopt.estimate._input_specs import input_specs
+from tfmemopt.estimate._settings import counted
+from tfmemopt.estimate._step_trace import _nbytes
 from tfmemopt.longseq import disable_long_sequences
 from tfmemopt.precision._policy_clone import rebuilt_under
 
@@ -45,29 +50,18 @@ class NotCompiled(Exception):
 def resolve_jit_compile(model, jit_compile, replicas: int) -> bool:
     """Whether the step `fit` runs is compiled with XLA.
 
-    `None` or `"auto"`: as Keras resolves `"auto"` on the device at hand
-    (the model's own `jit_compile` once compiled): on when the machine has
-    an accelerator, off on CPU-only machines, off under a distribution
-    strategy (`replicas > 1`) and where a layer does not support it.
+    `None`: the model's own `compile(jit_compile=...)`, else `"auto"`.
+    `"auto"`: as Keras resolves it on the device at hand (on with an
+    accelerator; off on a CPU-only machine, under a distribution strategy
+    or `replicas > 1`, with op determinism, where a layer does not support
+    XLA).
     """
     if jit_compile is None:
-        jit_compile = getattr(model, "_jit_compile", None)
-        if jit_compile is None or jit_compile == "auto":
+        jit_compile = compiled_jit_compile(model)
+        if jit_compile is None:
             jit_compile = "auto"
     if jit_compile == "auto":
-        if replicas > 1:
-            return False
-        accelerators = [
-            d
-            for d in tf.config.list_physical_devices()
-            if d.device_type != "CPU"
-        ]
-        if not accelerators:
-            return False
-        return all(
-            getattr(layer, "supports_jit", True)
-            for layer in model._flatten_layers()
-        )
+        return replicas == 1 and auto_jit_compile(model)
     if not isinstance(jit_compile, bool):
         raise ValueError(
             "estimate_memory: jit_compile must be None, 'auto', True or "
@@ -112,21 +106,6 @@ def _optimizer_copy(optimizer):
     return keras.optimizers.deserialize(keras.optimizers.serialize(optimizer))
 
 
-def _metric_copies(model):
-    """The model's compiled metrics, as fresh objects (or names)."""
-    from tfmemopt._compat import compiled_metrics
-
-    def fresh(m):
-        if isinstance(m, keras.metrics.Metric):
-            return type(m).from_config(m.get_config())
-        return m
-
-    found = compiled_metrics(model)
-    return {
-        k: tf.nest.map_structure(fresh, v) if v else v for k, v in found.items()
-    }
-
-
 def compiled_step(model, s, input_shape=None, sequence_length=None):
     """`(sizes, seconds, notes, state)`: XLA's buffer assignment of the
     step `fit` runs for `model` at the settings `s` (`buffer_sizes`), the
@@ -154,11 +133,31 @@ def compiled_step(model, s, input_shape=None, sequence_length=None):
             raise NotCompiled(
                 f"the model cannot be rebuilt under {s.policy.name!r}"
             )
+    own_step = type(outer).train_step
+    if own_step not in (keras.Model.train_step, Model.train_step):
+        raise NotCompiled(
+            f"{type(outer).__name__} has its own train_step, which is not "
+            "the step compiled here"
+        )
+    if not traced.built:
+        raise NotCompiled("the model is not built")
+    if s.checkpointing is not None and not isinstance(s.checkpointing, str):
+        raise NotCompiled(
+            f"checkpointing={s.checkpointing!r} (layers per segment) is "
+            "estimated by rule"
+        )
     notes: list = []
     t0 = time.perf_counter()
     own = own_report(inner) if traced is not inner else None
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(library_checkpointing(traced, s, notes, own))
+    with library_checkpointing(traced, s, notes, own):
+        if s.checkpointing is not None and s.checkpoint_traced not in (
+            "library",
+            "model",
+        ):
+            raise NotCompiled(
+                f"checkpointing={s.checkpointing!r} could not be applied "
+                f"here ({s.checkpoint_traced})"
+            )
         sizes, state = _compile(
             outer, traced, loss, s, input_shape, sequence_length, notes
         )
@@ -171,7 +170,8 @@ def _compile(outer, traced, loss, s, input_shape, sequence_length, notes):
     loss_fn, y_specs = _loss_and_target_specs(
         traced, s.per_replica, in_specs, loss, output_shapes=out_shapes
     )
-    metrics = {} if s.chunked_loss else _metric_copies(outer)
+    # As compiled (configs, not the metric objects: fresh ones are built).
+    metrics = {} if s.chunked_loss else compiled_metrics(outer)
     wrapper = Model.wrap(
         traced,
         accumulation_steps=s.accumulation_steps,
@@ -179,12 +179,15 @@ def _compile(outer, traced, loss, s, input_shape, sequence_length, notes):
         attention=s.attention,
     )
     try:
-        wrapper.compile(
-            optimizer=_optimizer_copy(s.optimizer),
-            loss=loss_fn,
-            jit_compile=True,
-            **{k: v for k, v in metrics.items() if v},
-        )
+        try:
+            wrapper.compile(
+                optimizer=_optimizer_copy(s.optimizer),
+                loss=loss_fn,
+                jit_compile=True,
+                **{k: v for k, v in metrics.items() if v},
+            )
+        except ValueError as e:  # e.g. Keras's own gradient accumulation
+            raise NotCompiled(f"{type(e).__name__}: {e}") from e
         wrapper.optimizer.build(wrapper.trainable_variables)
         x = _as_call_arg(in_specs)
         y = y_specs[0] if len(y_specs) == 1 else tuple(y_specs)
@@ -201,23 +204,30 @@ def _compile(outer, traced, loss, s, input_shape, sequence_length, notes):
             serialized = fn.experimental_get_compiler_ir(*flat)(
                 stage="optimized_hlo_proto_serialized"
             )
-        except Exception as e:  # noqa: BLE001 - an op XLA cannot compile
+        except (tf.errors.OpError, ValueError, NotImplementedError) as e:
+            # An op XLA has no kernel for ("Detected unsupported
+            # operations"), a shape XLA cannot take.
             raise NotCompiled(
                 f"XLA could not compile the step ({type(e).__name__}: "
                 f"{str(e).splitlines()[0][:200]})"
             ) from e
         sizes = buffer_sizes(serialized, s.floor)
 
-        def counted(v):
-            n = _nbytes(v)
-            return n if n >= s.floor else 0
+        def nbytes(v):
+            return counted(_nbytes(tf.TensorSpec(v.shape, v.dtype)), s)
 
         state = {
-            "parameters": sum(counted(v) for v in wrapper.weights),
+            "parameters": sum(nbytes(v) for v in wrapper.weights),
             "optimizer_state": sum(
-                counted(v) for v in wrapper.optimizer.variables
+                nbytes(v) for v in wrapper.optimizer.variables
             ),
-            "inputs": sum(_spec_bytes(t) for t in flat),
+            "inputs": sum(counted(_nbytes(t), s) for t in flat),
+            # float32 gradients, one per trainable weight: inside XLA's
+            # temporary buffer, reported for the planner's state figure
+            "gradients": sum(
+                counted(4 * math.prod(v.shape), s)
+                for v in wrapper.trainable_weights
+            ),
         }
         if metrics and any(metrics.values()):
             notes.append(
@@ -225,17 +235,25 @@ def _compile(outer, traced, loss, s, input_shape, sequence_length, notes):
             )
         return sizes, state
     finally:
-        disable_long_sequences(wrapper)
-        own = {id(v) for v in outer.weights}
-        _release(
-            [v for v in wrapper.variables if id(v) not in own]
-            + list(getattr(wrapper.optimizer, "variables", []) or [])
-        )
+        try:
+            disable_long_sequences(wrapper)
+        finally:
+            # Everything the user's models hold stays: weights, and the
+            # seed states of random layers (in `variables`, not `weights`).
+            # (`outer.variables` covers a wrapped model's too; a model
+            # rebuilt under another policy is the compile's own.)
+            kept = {id(v) for v in outer.variables}
+            optimizer = getattr(wrapper, "optimizer", None)
+            made = list(getattr(optimizer, "variables", None) or [])
+            made += list(getattr(wrapper, "metrics_variables", None) or [])
+            made += [v for v in wrapper.variables if id(v) not in kept]
+            _release([v for v in made if id(v) not in kept])
 
 
 def _release(variables) -> None:
     """Frees the memory of variables the compile made (the optimizer's
-    copy, metric variables, a model rebuilt under another policy).
+    copy, the wrapper's metric variables, a model rebuilt under another
+    policy); never one of the user's models' variables.
 
     Measured (TF 2.21, Keras 3.15): once a Keras optimizer's `apply` has
     been traced, its variables' buffers stay allocated after every Python
@@ -258,20 +276,6 @@ def _release(variables) -> None:
             )
         except Exception:  # noqa: BLE001 - best effort, never fails
             pass
-
-
-def _nbytes(v) -> int:
-    n = 1
-    for d in v.shape:
-        n *= int(d)
-    return n * tf.as_dtype(v.dtype).size
-
-
-def _spec_bytes(spec) -> int:
-    n = 1
-    for d in spec.shape:
-        n *= int(d)
-    return n * spec.dtype.size
 
 
 def describe(sizes, seconds) -> str:

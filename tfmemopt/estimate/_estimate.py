@@ -367,7 +367,11 @@ def _compiled_estimate(model, batch_size, s, input_shape, sequence_length):
         temporaries=int(sizes["temporary"] + sizes["outputs"] + max(rest, 0)),
         settings=settings,
         notes=notes,
-        compiled={**sizes, "compile_seconds": round(seconds, 2)},
+        compiled={
+            **sizes,
+            "gradients": int(state["gradients"]),
+            "compile_seconds": round(seconds, 2),
+        },
     )
 
 
@@ -435,6 +439,7 @@ def _settings_of(s: Settings, batch_size) -> dict:
         "shard_parameters": s.shard_parameters,
         "chunked_loss": s.chunked_loss,
         "attention": s.attention,
+        "jit_compile": False,
     }
 
 

@@ -72,7 +72,9 @@ class MemoryEstimate:
         compiled: Dict, empty unless the step was compiled with XLA
             (`jit_compile`): XLA's buffer assignment in bytes
             (`"arguments"`, `"temporary"`, `"outputs"`, `"largest"`
-            temporary allocation) and `"compile_seconds"`.
+            temporary allocation), `"gradients"` (one float32 gradient per
+            trainable weight, inside the temporary buffer, for reference)
+            and `"compile_seconds"`.
         settings: Dict, the settings the estimate was made for.
         layers: List of `(layer, bytes)`: activations kept, per layer.
         notes: List of str: assumptions and warnings.
