@@ -236,14 +236,7 @@ def estimate_memory(
     if fallback:
         notes.append(fallback)
     notes += trace_notes
-    if s.floor:
-        notes.append(
-            f"allocations below {format_bytes(s.floor)} not counted "
-            "(min_counted_bytes): the allocator statistics' view"
-        )
-    emulated = _emulated_bfloat16_note(s)
-    if emulated:
-        notes.append(emulated)
+    notes += _measurement_notes(s)
     activations = activation_bytes(model, traced, step, rescale, s, notes)
     metrics = compiled_metric_names(model)
     if metrics:
@@ -342,14 +335,7 @@ def _compiled_estimate(model, batch_size, s, input_shape, sequence_length):
     )
     notes = [f"optimizer: {type(s.optimizer).__name__} ({s.opt_source})"]
     notes += [describe(sizes, seconds)] + step_notes
-    if s.floor:
-        notes.append(
-            f"allocations below {format_bytes(s.floor)} not counted "
-            "(min_counted_bytes): the allocator statistics' view"
-        )
-    emulated = _emulated_bfloat16_note(s)
-    if emulated:
-        notes.append(emulated)
+    notes += _measurement_notes(s)
     # What the step's arguments hold beyond weights, state and batch
     # (step counters, metric and seed variables): in `temporaries`.
     rest = sizes["arguments"] - (
@@ -373,6 +359,22 @@ def _compiled_estimate(model, batch_size, s, input_shape, sequence_length):
             "compile_seconds": round(seconds, 2),
         },
     )
+
+
+def _measurement_notes(s: Settings) -> list:
+    """The notes on what the figure is compared with, on both paths: the
+    allocations `min_counted_bytes` leaves out, and bfloat16 emulated on
+    this CPU."""
+    notes = []
+    if s.floor:
+        notes.append(
+            f"allocations below {format_bytes(s.floor)} not counted "
+            "(min_counted_bytes): the allocator statistics' view"
+        )
+    emulated = _emulated_bfloat16_note(s)
+    if emulated:
+        notes.append(emulated)
+    return notes
 
 
 def _emulated_bfloat16_note(s: Settings, native=None, accelerators=None):
