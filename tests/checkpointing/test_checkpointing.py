@@ -520,14 +520,15 @@ def test_mirrored_strategy_two_cpus():
 
 def test_auto_saves_memory_in_graph_fit():
     # In a fresh process, and the train step alone (`train_on_batch` on
-    # tensors; `fit` adds its data pipeline's copies of the batch, 2 MiB
-    # each, at times of their own). In a CI worker after other test files,
-    # the smallest of 4 `fit` steps of the checkpointed model read 17.0 MiB
-    # against 22.5 for the plain one (0.757); alone it reads 12.5-14.5. As
-    # written here, beside three busy processes: 0.575-0.658 in 5 runs.
+    # tensors; `fit` adds its data pipeline's copies of the batch at times of
+    # their own). 16 layers of 1 MiB activations, so "auto" has segments to
+    # cut: alone 0.49-0.52 of the plain step in 3 runs. With 8 layers of
+    # 2 MiB (this test until 2026-12-07) it read 0.65 alone and 0.753 in a CI
+    # run beside a busy worker, over the 0.75 asked: the executor's run-ahead
+    # under load keeps a segment or two more, and a deeper model leaves room.
     code = """
     import keras, numpy as np, tfmemopt
-    batch, width = 2048, 256
+    batch, width = 1024, 256
     x = tf.constant(np.random.RandomState(0).randn(batch, width), tf.float32)
     y = tf.ones((batch, 1))
     peaks = {}
@@ -535,7 +536,7 @@ def test_auto_saves_memory_in_graph_fit():
         keras.utils.set_random_seed(0)
         model = keras.Sequential(
             [keras.Input((width,))]
-            + [keras.layers.Dense(width, activation="relu") for _ in range(8)]
+            + [keras.layers.Dense(width, activation="relu") for _ in range(16)]
             + [keras.layers.Dense(1)]
         )
         if ckpt:
@@ -543,12 +544,12 @@ def test_auto_saves_memory_in_graph_fit():
         model.compile(keras.optimizers.SGD(1e-4), "mse")
         model.train_on_batch(x, y)  # trace outside
         # the smallest of 4 steps: the executor's order of the backward
-        # pass's ops varies from step to step (12.2-14.0 MiB measured)
+        # pass's ops varies from step to step
         peaks[str(ckpt)] = step_peak(
             lambda: model.train_on_batch(x, y), repeats=4
         )
     emit(peaks)
     """
     peaks = run_in_subprocess(code, n_cpus=1)
-    # measured 0.5x at full size; generous for the small model
+    # measured 0.5x; the bound leaves room for a loaded CI machine
     assert peaks["True"] <= 0.75 * peaks["False"], peaks
