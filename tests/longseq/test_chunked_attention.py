@@ -119,10 +119,10 @@ def test_skipping_hidden_blocks_changes_no_bit(monkeypatch, min_rows, per_head):
     )
     block_elements = B * N * per_head
 
-    def run(attend, m, causal):
+    def run(attend, m, causal, **kwargs):
         with tf.GradientTape() as tape:
             tape.watch([q, k, v])
-            out = attend(q, k, v, mask=m, is_causal=causal)
+            out = attend(q, k, v, mask=m, is_causal=causal, **kwargs)
             s = tf.reduce_sum(out * d_out)
         return [out, *tape.gradient(s, [q, k, v])]
 
@@ -131,29 +131,38 @@ def test_skipping_hidden_blocks_changes_no_bit(monkeypatch, min_rows, per_head):
             *args, **kwargs, block_elements=block_elements
         )
 
-    cases = [(tf.constant(m), False) for m in _skippable_masks()]
-    cases.append((None, True))
+    cases = [(tf.constant(m), False, None) for m in _skippable_masks()]
+    cases.append((None, True, None))
+    # a sliding window of 4 keys, made per block: blocks hidden before it
+    rows, cols = np.arange(T)[:, None], np.arange(T)[None, :]
+    cases.append((None, True, 4))
+    band = tf.constant(
+        np.broadcast_to((rows >= cols) & (rows - cols < 4), (B, 1, T, T))
+    )
     skipped = []
-    for m, causal in cases:
-        got = run(chunked, m, causal)
-        want = run(keras.ops.dot_product_attention, m, causal)
-        assert _diff(got, want) < 2e-6, (m is None, causal)
+    for m, causal, window in cases:
+        got = run(chunked, m, causal, window=window)
+        if window is None:
+            want = run(keras.ops.dot_product_attention, m, causal)
+        else:
+            want = run(keras.ops.dot_product_attention, band, False)
+        assert _diff(got, want) < 2e-6, (m is None, causal, window)
         # Against the same blocks computed in full (no skipping): equal
         # to the bit, in the output and the three gradients.
         with monkeypatch.context() as patch:
             patch.setattr(
                 _attention,
                 "_key_range",
-                lambda *a: (tf.constant(0), a[-1]),
+                lambda *a: (tf.constant(0), a[6]),
             )
-            full = run(chunked, m, causal)
+            full = run(chunked, m, causal, window=window)
         for a, b in zip(got, full):
             np.testing.assert_array_equal(a.numpy(), b.numpy())
         rows, cols = _attention._block_shape(q, k, block_elements)
         k_blocks = (T + cols - 1) // cols
         ranges = [
             _attention._key_range(
-                m, causal, q0, min(int(rows), T - q0), T, cols, k_blocks
+                m, causal, q0, min(int(rows), T - q0), T, cols, k_blocks, window
             )
             for q0 in range(0, T, int(rows))
         ]
@@ -326,3 +335,131 @@ def test_soft_cap_equals_the_capped_scores_and_their_gradient(jit_compile):
         d_out,
     )
     assert _diff(uncapped, want) > 1e-2 * scale  # the cap matters here
+
+
+@pytest.mark.parametrize(
+    "kv_heads, jit_compile",
+    [(2, False), (1, False), (2, True)],
+    ids=["gqa-graph", "mqa-graph", "gqa-xla"],
+)
+def test_grouped_heads_equal_the_repeated_ones_without_repeating(
+    kv_heads, jit_compile
+):
+    """Grouped-query attention (4 query heads reading 2 or 1 shared
+    key/value heads, query head n reading head n // groups as keras-hub
+    repeats them): output and gradients equal Keras's attention of the
+    repeated keys and values (its gradient summed back over each group),
+    in blocks of 3 keys; no tensor the size of the repeated keys is made
+    (the step's graph has no op of that shape)."""
+    n_q, t, h = 4, 10, 4
+    rng = np.random.default_rng(2)
+    q, d_out = (
+        tf.constant(rng.normal(size=(B, t, n_q, h)), tf.float32)
+        for _ in range(2)
+    )
+    k, v = (
+        tf.constant(rng.normal(size=(B, t, kv_heads, h)), tf.float32)
+        for _ in range(2)
+    )
+    rows, cols = np.arange(t)[:, None], np.arange(t)[None, :]
+    mask = np.broadcast_to(rows >= cols, (B, 1, t, t)).copy()
+    mask[1, :, :, -3:] = False
+    mask = tf.constant(mask)
+
+    def chunked(q, k, v):
+        return dot_product_attention(
+            q, k, v, mask=mask, block_elements=B * n_q * 3 * 3
+        )
+
+    run = functools.partial(_out_and_grads, chunked)
+    spec = [tf.TensorSpec([B, t, n_q, h]), tf.TensorSpec([B, t, kv_heads, h])]
+    run = tf.function(
+        run,
+        jit_compile=jit_compile,
+        input_signature=[spec[0], spec[1], spec[1], spec[0]],
+    )
+    got = run(q, k, v, d_out)
+    groups = n_q // kv_heads
+    want = _out_and_grads(
+        lambda q, k, v: keras.ops.dot_product_attention(
+            q,
+            tf.repeat(k, groups, axis=2),
+            tf.repeat(v, groups, axis=2),
+            mask=mask,
+        ),
+        q,
+        k,
+        v,
+        d_out,
+    )
+    assert [g.shape for g in got] == [g.shape for g in want]
+    assert _diff(got, want) < 2e-6, _diff(got, want)
+    if not jit_compile:
+        graph = run.get_concrete_function().graph
+        repeated = [B, t, n_q, h]
+        made = [
+            (op.type, op.name)
+            for op in graph.get_operations()
+            for out in op.outputs
+            if out.shape.rank == 4
+            and out.shape.as_list() == repeated
+            and op.type in ("Tile", "Reshape", "BroadcastTo", "GatherV2")
+            # the test's own `reduce_sum(out * d_out)` has a gradient Tile
+            and not op.name.startswith("gradient_tape/")
+        ]
+        assert not made, made
+
+
+def test_heads_that_do_not_group_are_refused():
+    q = tf.zeros((1, 4, 3, 2))
+    kv = tf.zeros((1, 4, 2, 2))
+    with pytest.raises(ValueError, match="multiple of the keys"):
+        dot_product_attention(q, kv, kv)
+
+
+@pytest.mark.parametrize("jit_compile", [False, True], ids=["graph", "xla"])
+def test_sliding_window_equals_the_banded_mask(jit_compile):
+    """`window` (keras-hub's decoders' sliding window, made per block):
+    output and gradients equal Keras's attention under the whole banded
+    mask (causal, keys `i - 4 < j <= i`, key padding), in blocks of 3
+    keys; a window wider than the sequence is the causal mask."""
+    rng = np.random.default_rng(3)
+    q, k, v, d_out = (
+        tf.constant(rng.normal(size=(B, T, N, H)), tf.float32) for _ in range(4)
+    )
+    keys = np.ones((B, 1, 1, T), bool)
+    keys[1, :, :, :2] = False  # left padding: rows that see no key
+    keys[0, :, :, -3:] = False
+    rows, cols = np.arange(T)[:, None], np.arange(T)[None, :]
+    for window in (4, T + 5):
+        band = (rows >= cols) & (rows - cols < window)
+        whole = tf.constant(keys & band[None, None])
+
+        def chunked(q, k, v, window=window):
+            return dot_product_attention(
+                q,
+                k,
+                v,
+                mask=tf.constant(keys),
+                is_causal=True,
+                window=window,
+                block_elements=B * N * 3 * 3,
+            )
+
+        run = functools.partial(_out_and_grads, chunked)
+        if jit_compile:
+            spec = tf.TensorSpec([B, T, N, H])
+            run = tf.function(run, jit_compile=True, input_signature=[spec] * 4)
+        got = run(q, k, v, d_out)
+        want = _out_and_grads(
+            lambda q, k, v: keras.ops.dot_product_attention(
+                q, k, v, mask=whole
+            ),
+            q,
+            k,
+            v,
+            d_out,
+        )
+        assert _diff(got, want) < 2e-6, (window, _diff(got, want))
+    with pytest.raises(ValueError, match="is_causal=True"):
+        dot_product_attention(q, k, v, window=4)

@@ -13,6 +13,7 @@ import inspect
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import tfmemopt
 from tests.longseq.test_gpt2 import _diff
@@ -223,3 +224,89 @@ def test_other_attention_and_gemma_dropout_are_refused_with_the_fix():
     lm = keras_hub.models.GemmaCausalLM(backbone=backbone, preprocessor=None)
     with pytest.raises(ValueError, match="dropout=0.0"):
         tfmemopt.Model.wrap(lm, attention="chunked")
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma"])
+def test_shared_key_value_heads_reach_the_blocks_unrepeated(family):
+    """Grouped-query attention without the repeat: while taken over,
+    keras-hub's repeat of the 2 shared key/value heads to the 4 query heads
+    (Llama's `call`) is a repeat by 1, so `_compute_attention` receives the
+    shared heads; Gemma receives them anyway. Undone, keras-hub's own group
+    count is back."""
+    lm = _lm(family)
+    (layer,) = [
+        layer
+        for layer in lm.backbone._flatten_layers()
+        if type(layer).__name__ in _hub_attention.FAMILIES
+    ]
+    attribute = _hub_attention.GROUPS.get(type(layer).__name__)
+    if attribute:
+        assert getattr(layer, attribute) == 2
+    report = tfmemopt.longseq.enable_long_sequences(lm, chunked_loss=False)
+    assert len(report.attention_layers) == 1
+    if attribute:
+        assert getattr(layer, attribute) == 1
+    replaced = layer._compute_attention
+    seen = []
+
+    def recording(query, key, value, *args, **kwargs):
+        seen.append((query.shape[2], key.shape[2], value.shape[2]))
+        return replaced(query, key, value, *args, **kwargs)
+
+    layer.__dict__["_compute_attention"] = recording
+    x, _, _ = _data()
+    lm(x, training=False)
+    assert seen == [(4, 2, 2)], seen
+    layer.__dict__["_compute_attention"] = replaced
+    tfmemopt.longseq.disable_long_sequences(lm)
+    if attribute:
+        assert getattr(layer, attribute) == 2
+    assert "_compute_attention" not in layer.__dict__
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_the_stand_in_mask_is_keras_hubs_mask(family):
+    """While training, each decoder hands its attention the key padding
+    `[B, 1, S]` and the blocks make the causal mask (and the family's
+    window) per block. Here that mask, made whole, equals the one keras-hub
+    builds (its decoder's mask method, then Qwen2's and Gemma 2's
+    `_mask_sliding_window`) on a batch with padding; fails when keras-hub
+    changes how it masks."""
+    from tfmemopt.longseq import _attention
+
+    lm = _lm(family)
+    x, _, _ = _data()
+    padding = np.array(x["padding_mask"])
+    padding[2, :4] = False  # left padding too
+    (decoder,) = [
+        layer
+        for layer in lm.backbone._flatten_layers()
+        if type(layer).__name__ in _hub_attention.DECODERS
+    ]
+    method, attribute = _hub_attention.DECODERS[type(decoder).__name__]
+    attention = getattr(decoder, attribute)
+    h = np.zeros((B, T, 32), "float32")
+    # (x, padding, cache, index) for Gemma, (x, padding, attention mask,
+    # cache, index) for the others
+    if method == "_compute_attention_mask":
+        args = (h, padding, None, 0)
+    else:
+        args = (h, padding, None, None, None)
+    want = getattr(decoder, method)(*args)
+    if getattr(attention, "use_sliding_window_attention", False):
+        want = attention._mask_sliding_window(want, cache_update_index=0)
+    want = np.asarray(want).astype(bool)
+
+    tfmemopt.longseq.enable_long_sequences(lm, chunked_loss=False)
+    stand = attention.__dict__[_hub_attention._STAND]
+    keys = getattr(decoder, method)(*args)
+    armed, window = stand.take()
+    assert armed and tuple(keys.shape) == (B, 1, T)
+    if family in ("mistral", "qwen", "gemma2"):
+        assert window == 8
+    got = _attention._block_mask(
+        tf.cast(keys, tf.bool)[:, None], True, 0, T, 0, T, window
+    )
+    np.testing.assert_array_equal(np.asarray(got)[:, 0], want)
+    tfmemopt.longseq.disable_long_sequences(lm)
+    assert method not in decoder.__dict__

@@ -35,9 +35,14 @@ import tensorflow as tf
 from tfmemopt import _compat
 from tfmemopt.longseq._attention_blocks import DEFAULT_BLOCK_ELEMENTS
 from tfmemopt.longseq._attention_blocks import _block_shape
+from tfmemopt.longseq._attention_blocks import _causal
 from tfmemopt.longseq._attention_blocks import _loop
 from tfmemopt.longseq._attention_blocks import _scores
 from tfmemopt.longseq._attention_blocks import _through_soft_cap
+from tfmemopt.longseq._attention_blocks import pk
+from tfmemopt.longseq._attention_blocks import pq
+from tfmemopt.longseq._attention_blocks import pv
+from tfmemopt.longseq._attention_blocks import qk
 from tfmemopt.longseq._attention_xla import attend_xla
 
 
@@ -52,6 +57,7 @@ def dot_product_attention(
     *,
     block_elements: int = DEFAULT_BLOCK_ELEMENTS,
     soft_cap: float | None = None,
+    window: int | None = None,
 ):
     """`keras.ops.dot_product_attention`, computed in query and key blocks.
 
@@ -62,12 +68,17 @@ def dot_product_attention(
 
     Args:
         query: `(B, T, N, H)`.
-        key: `(B, S, N, H)` (`N` may divide the query heads: grouped).
-        value: `(B, S, N, H_v)`.
+        key: `(B, S, K, H)`, `K` dividing `N`: query head `n` reads key
+            head `n // (N // K)` (grouped-query attention in keras-hub's
+            order). The shared heads are never repeated to `N`.
+        value: `(B, S, K, H_v)`.
         bias: Must be `None`.
         mask: Boolean, broadcastable to `(B, N, T, S)`, or `None`.
         scale: Float; defaults to `1 / sqrt(H)`.
         is_causal: Bool, query `i` sees keys `<= i`.
+        window: Int or `None`, with `is_causal`: query `i` sees keys `j`
+            with `i - window < j <= i` only (a sliding window, Mistral's,
+            Qwen2's and Gemma 2's), made per block, never `(T, S)`.
         block_elements: Int, score elements per block.
 
     Returns:
@@ -89,9 +100,25 @@ def dot_product_attention(
                 f"Received: {name} of shape {t.shape}."
             )
     n_q, n_kv = query.shape[2], key.shape[2]
-    if n_q is not None and n_kv is not None and n_q > n_kv and n_kv > 1:
-        key = tf.repeat(key, n_q // n_kv, axis=2)
-        value = tf.repeat(value, n_q // n_kv, axis=2)
+    if (
+        n_q is None
+        or n_kv is None
+        or value.shape[2] != n_kv
+        or not n_kv
+        or n_q % n_kv
+    ):
+        raise ValueError(
+            "Chunked attention needs static head counts, the query's a "
+            "multiple of the keys' and values' (grouped-query attention). "
+            f"Received: query {query.shape}, key {key.shape}, value "
+            f"{value.shape}."
+        )
+    if window is not None and (not is_causal or int(window) < 1):
+        raise ValueError(
+            "Chunked attention's `window` is a causal sliding window: it "
+            f"needs is_causal=True and window >= 1. Received: window="
+            f"{window!r}, is_causal={is_causal!r}."
+        )
     if scale is None:
         scale = 1.0 / float(query.shape[-1]) ** 0.5
     if mask is not None:
@@ -108,10 +135,11 @@ def dot_product_attention(
         bool(is_causal),
         block_elements,
         None if soft_cap is None else float(soft_cap),
+        None if window is None else int(window),
     )
 
 
-def _block_mask(mask, is_causal, q0, rows, k0, cols):
+def _block_mask(mask, is_causal, q0, rows, k0, cols, window=None):
     """The block's mask, broadcastable to (B, N, rows, cols), or None."""
     block = None
     if mask is not None:
@@ -121,25 +149,29 @@ def _block_mask(mask, is_causal, q0, rows, k0, cols):
         if mask.shape[3] != 1:
             block = block[:, :, :, k0 : k0 + cols]
     if is_causal:
-        q_idx = tf.range(q0, q0 + rows)
-        causal = q_idx[:, None] >= tf.range(k0, k0 + cols)[None, :]
-        causal = causal[None, None]
+        causal = _causal(
+            tf.range(q0, q0 + rows), tf.range(k0, k0 + cols), window
+        )
         block = causal if block is None else tf.logical_and(block, causal)
     return block
 
 
-def _key_range(mask, is_causal, q0, rows, s_len, cols, k_blocks):
+def _key_range(mask, is_causal, q0, rows, s_len, cols, k_blocks, window=None):
     """Key blocks `[lo, hi)` holding every unmasked key of query rows
     `[q0, q0 + rows)`; every block if one of those rows is fully masked."""
     everything = (tf.constant(0), k_blocks)
     if mask is None:
         if not is_causal:
             return everything
-        # Row q sees keys 0..q: its last block holds key q0 + rows - 1.
-        return tf.constant(0), tf.minimum((q0 + rows - 1) // cols + 1, k_blocks)
+        # Row q sees keys 0..q (from q - window + 1 under a window): its
+        # last block holds key q0 + rows - 1.
+        hi = tf.minimum((q0 + rows - 1) // cols + 1, k_blocks)
+        if window is None:
+            return tf.constant(0), hi
+        return tf.maximum(q0 - window + 1, 0) // cols, hi
     if mask.shape[3] == 1:  # broadcast over keys: nothing to locate
         return everything
-    block = _block_mask(mask, is_causal, q0, rows, 0, s_len)
+    block = _block_mask(mask, is_causal, q0, rows, 0, s_len, window)
     first, last, seen = _span(tf.reduce_any(block, axis=[0, 1, 2]))
     exact = tf.logical_and(tf.reduce_all(tf.reduce_any(block, axis=-1)), seen)
     return (
@@ -171,9 +203,18 @@ def _array(dtype, size):
 
 
 def _attend(
-    query, key, value, mask, scale, is_causal, block_elements, soft_cap=None
+    query,
+    key,
+    value,
+    mask,
+    scale,
+    is_causal,
+    block_elements,
+    soft_cap=None,
+    window=None,
 ):
     any_shape = tf.TensorShape(None)
+    groups = query.shape[2] // key.shape[2]
 
     @tf.custom_gradient
     def forward(q, k, v):
@@ -189,25 +230,21 @@ def _attend(
             q_blk = q[:, q0 : q0 + rows]
             r = tf.shape(q_blk)[1:2]
             lo, hi = _key_range(
-                mask, is_causal, q0, r[0], s_len, cols, k_blocks
+                mask, is_causal, q0, r[0], s_len, cols, k_blocks, window
             )
 
             def k_body(j, m, total, acc):
                 k0 = j * cols
                 k_blk = k[:, k0 : k0 + cols]
                 c = tf.shape(k_blk)[1]
-                mask_blk = _block_mask(mask, is_causal, q0, r[0], k0, c)
-                s = _scores(q_blk, k_blk, mask_blk, scale, soft_cap)
+                mask_blk = _block_mask(mask, is_causal, q0, r[0], k0, c, window)
+                s = _scores(q_blk, k_blk, mask_blk, scale, soft_cap, groups)
                 m_new = tf.maximum(m, tf.reduce_max(s, axis=-1))
                 alpha = tf.exp(m - m_new)
                 p = tf.exp(s - m_new[..., None])
                 total = total * alpha + tf.reduce_sum(p, axis=-1)
-                pv = tf.einsum(
-                    "BNTS,BSNH->BNTH",
-                    tf.cast(p, v.dtype),
-                    v[:, k0 : k0 + cols],
-                )
-                acc = acc * alpha[..., None] + tf.cast(pv, tf.float32)
+                o = pv(tf.cast(p, v.dtype), v[:, k0 : k0 + cols], groups)
+                acc = acc * alpha[..., None] + tf.cast(o, tf.float32)
                 return j + 1, m_new, total, acc
 
             lead = tf.concat([batch_heads, r], 0)
@@ -280,28 +317,24 @@ def _attend(
                     q_blk = q[:, q0 : q0 + rows]
                     do_blk = d_out[:, q0 : q0 + rows]
                     r = tf.shape(q_blk)[1]
-                    m = _block_mask(mask, is_causal, q0, r, k0, c)
-                    s = _scores(q_blk, k_blk, m, scale, soft_cap)
+                    m = _block_mask(mask, is_causal, q0, r, k0, c, window)
+                    s = _scores(q_blk, k_blk, m, scale, soft_cap, groups)
                     p = tf.exp(
                         (s - row_max[:, :, q0 : q0 + rows, None])
                         - log_sum[:, :, q0 : q0 + rows, None]
                     )
                     p_c = tf.cast(p, v.dtype)
                     dv_blk = dv_blk + tf.cast(
-                        tf.einsum("BNTS,BTNH->BSNH", p_c, do_blk), tf.float32
+                        pq(p_c, do_blk, groups), tf.float32
                     )
-                    dp = tf.cast(
-                        tf.einsum("BTNH,BSNH->BNTS", do_blk, v_blk), tf.float32
-                    )
+                    dp = tf.cast(qk(do_blk, v_blk, groups), tf.float32)
                     ds = p * (dp - delta[:, :, q0 : q0 + rows, None])
                     if m is not None:
                         ds = tf.where(m, ds, tf.zeros((), ds.dtype))
                     ds = _through_soft_cap(ds, s, soft_cap)
                     ds = tf.cast(ds * scale, q.dtype)
-                    dq_blk = tf.einsum("BNTS,BSNH->BTNH", ds, k_blk)
-                    dk_blk = dk_blk + tf.cast(
-                        tf.einsum("BNTS,BTNH->BSNH", ds, q_blk), tf.float32
-                    )
+                    dq_blk = pk(ds, k_blk, groups)
+                    dk_blk = dk_blk + tf.cast(pq(ds, q_blk, groups), tf.float32)
                     dq_ta = dq_ta.write(
                         i - first, tf.transpose(dq_blk, [1, 0, 2, 3])
                     )

@@ -36,8 +36,81 @@ def _block_shape(query, key, block_elements):
     return rows, tf.maximum(cols, 1)
 
 
-def _scores(q_blk, k_blk, block_mask, scale, soft_cap=None):
-    s = tf.einsum("BTNH,BSNH->BNTS", q_blk, k_blk)
+def _grouped(x, axis: int, groups: int):
+    """`x` with its heads axis `axis` (`N = K * groups`) split in two,
+    `(K, groups)`: query head `n` is `(n // groups, n % groups)`, so it
+    reads key/value head `n // groups`, keras-hub's order (`ops.repeat` of
+    the shared heads; Gemma's reshape of the queries)."""
+    shape = tf.shape(x)
+    return tf.reshape(
+        x, tf.concat([shape[:axis], [-1, groups], shape[axis + 1 :]], 0)
+    )
+
+
+def _merged(x, axis: int):
+    """`_grouped` undone: axes `axis, axis + 1` merged back into heads."""
+    shape = tf.shape(x)
+    return tf.reshape(
+        x,
+        tf.concat(
+            [shape[:axis], [shape[axis] * shape[axis + 1]], shape[axis + 2 :]],
+            0,
+        ),
+    )
+
+
+# The four products of attention with `N = K * groups` query heads and `K`
+# shared key/value heads (grouped-query attention), in blocks. The shared
+# heads are never repeated: each product is one einsum over the query heads
+# split as `(K, groups)`. With one group, the plain einsums.
+def qk(q, k, groups: int = 1):
+    """`(B, T, N, H) x (B, S, K, H) -> (B, N, T, S)`: the scores (and
+    `d_out x v`)."""
+    if groups == 1:
+        return tf.einsum("BTNH,BSNH->BNTS", q, k)
+    s = tf.einsum("BTKGH,BSKH->BKGTS", _grouped(q, 2, groups), k)
+    return _merged(s, 1)
+
+
+def pv(p, v, groups: int = 1):
+    """`(B, N, T, S) x (B, S, K, H) -> (B, N, T, H)`: the output."""
+    if groups == 1:
+        return tf.einsum("BNTS,BSNH->BNTH", p, v)
+    return _merged(tf.einsum("BKGTS,BSKH->BKGTH", _grouped(p, 1, groups), v), 1)
+
+
+def pk(ds, k, groups: int = 1):
+    """`(B, N, T, S) x (B, S, K, H) -> (B, T, N, H)`: the query's
+    gradient."""
+    if groups == 1:
+        return tf.einsum("BNTS,BSNH->BTNH", ds, k)
+    return _merged(
+        tf.einsum("BKGTS,BSKH->BTKGH", _grouped(ds, 1, groups), k), 2
+    )
+
+
+def pq(p, q, groups: int = 1):
+    """`(B, N, T, S) x (B, T, N, H) -> (B, S, K, H)`: the keys' and values'
+    gradients, summed over each shared head's group."""
+    if groups == 1:
+        return tf.einsum("BNTS,BTNH->BSNH", p, q)
+    return tf.einsum(
+        "BKGTS,BTKGH->BSKH", _grouped(p, 1, groups), _grouped(q, 2, groups)
+    )
+
+
+def _causal(q_idx, k_idx, window=None):
+    """`(1, 1, rows, cols)`: query `i` sees key `j <= i` (and `j > i -
+    window` under a sliding window)."""
+    ahead = q_idx[:, None] - k_idx[None, :]
+    seen = ahead >= 0
+    if window is not None:
+        seen = tf.logical_and(seen, ahead < window)
+    return seen[None, None]
+
+
+def _scores(q_blk, k_blk, block_mask, scale, soft_cap=None, groups=1):
+    s = qk(q_blk, k_blk, groups)
     s = tf.cast(s, tf.float32) * scale
     if soft_cap is not None:  # Gemma 2: cap * tanh(s / cap), then the mask
         s = soft_cap * tf.tanh(s / soft_cap)

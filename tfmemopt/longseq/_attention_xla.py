@@ -7,13 +7,26 @@ import tensorflow as tf
 
 from tfmemopt import _compat
 from tfmemopt.longseq._attention_blocks import _block_shape
+from tfmemopt.longseq._attention_blocks import _causal
 from tfmemopt.longseq._attention_blocks import _loop
 from tfmemopt.longseq._attention_blocks import _scores
 from tfmemopt.longseq._attention_blocks import _through_soft_cap
+from tfmemopt.longseq._attention_blocks import pk
+from tfmemopt.longseq._attention_blocks import pq
+from tfmemopt.longseq._attention_blocks import pv
+from tfmemopt.longseq._attention_blocks import qk
 
 
 def attend_xla(
-    query, key, value, mask, scale, is_causal, block_elements, soft_cap=None
+    query,
+    key,
+    value,
+    mask,
+    scale,
+    is_causal,
+    block_elements,
+    soft_cap=None,
+    window=None,
 ):
     """`_attend` for a step XLA compiles (#46).
 
@@ -30,6 +43,7 @@ def attend_xla(
     mask every block runs.
     """
     update = _compat.dynamic_update_slice
+    groups = query.shape[2] // key.shape[2]
 
     @tf.custom_gradient
     def forward(q, k, v):
@@ -57,9 +71,10 @@ def attend_xla(
             s = _scores(
                 q_blk,
                 k_blk,
-                _block_mask_xla(maskp, is_causal, q0, rows, k0, cols),
+                _block_mask_xla(maskp, is_causal, q0, rows, k0, cols, window),
                 scale,
                 soft_cap,
+                groups,
             )
             real = (k0 + tf.range(cols)) < s_len
             return tf.where(real, s, -float("inf")), k_blk
@@ -81,8 +96,8 @@ def attend_xla(
                 p = tf.exp(s - m_new[..., None])
                 total = total * alpha + tf.reduce_sum(p, axis=-1)
                 v_blk = _cut(vp, 1, k0, cols)
-                pv = tf.einsum("BNTS,BSNH->BNTH", tf.cast(p, v.dtype), v_blk)
-                acc = acc * alpha[..., None] + tf.cast(pv, tf.float32)
+                o = pv(tf.cast(p, v.dtype), v_blk, groups)
+                acc = acc * alpha[..., None] + tf.cast(o, tf.float32)
                 return j + 1, m_new, total, acc
 
             lead = tf.stack([b, n, rows])
@@ -143,33 +158,26 @@ def attend_xla(
                     l_blk = _cut(log_sum, 2, q0, rows)
                     p = tf.exp((s - m_blk[..., None]) - l_blk[..., None])
                     dv_blk = dv_blk + tf.cast(
-                        tf.einsum(
-                            "BNTS,BTNH->BSNH", tf.cast(p, v.dtype), do_blk
-                        ),
-                        tf.float32,
+                        pq(tf.cast(p, v.dtype), do_blk, groups), tf.float32
                     )
-                    dp = tf.cast(
-                        tf.einsum("BTNH,BSNH->BNTS", do_blk, v_blk), tf.float32
-                    )
+                    dp = tf.cast(qk(do_blk, v_blk, groups), tf.float32)
                     d_blk = _cut(delta, 2, q0, rows)
                     ds = p * (dp - d_blk[..., None])
                     mask_blk = _block_mask_xla(
-                        maskp, is_causal, q0, rows, k0, cols
+                        maskp, is_causal, q0, rows, k0, cols, window
                     )
                     if mask_blk is not None:
                         ds = tf.where(mask_blk, ds, tf.zeros((), ds.dtype))
                     ds = _through_soft_cap(ds, s, soft_cap)
                     ds = tf.cast(ds * scale, q.dtype)
-                    dq_blk = tf.einsum("BNTS,BSNH->BTNH", ds, k_blk)
+                    dq_blk = pk(ds, k_blk, groups)
                     at = [zero, q0, zero, zero]
                     dq = update(
                         dq,
                         _cut(dq, 1, q0, rows) + tf.cast(dq_blk, tf.float32),
                         at,
                     )
-                    dk_blk = dk_blk + tf.cast(
-                        tf.einsum("BNTS,BTNH->BSNH", ds, q_blk), tf.float32
-                    )
+                    dk_blk = dk_blk + tf.cast(pq(ds, q_blk, groups), tf.float32)
                     return i + 1, dq, dk_blk, dv_blk
 
                 dq, dk_blk, dv_blk = _loop(
@@ -209,7 +217,7 @@ def attend_xla(
     return forward(query, key, value)
 
 
-def _block_mask_xla(mask, is_causal, q0, rows, k0, cols):
+def _block_mask_xla(mask, is_causal, q0, rows, k0, cols, window=None):
     """`_block_mask` of whole blocks, in slices whose sizes XLA knows."""
     block = None
     if mask is not None:
@@ -219,8 +227,7 @@ def _block_mask_xla(mask, is_causal, q0, rows, k0, cols):
         if mask.shape[3] != 1:
             block = _cut(block, 3, k0, cols)
     if is_causal:
-        causal = (q0 + tf.range(rows))[:, None] >= (k0 + tf.range(cols))[None]
-        causal = causal[None, None]
+        causal = _causal(q0 + tf.range(rows), k0 + tf.range(cols), window)
         block = causal if block is None else tf.logical_and(block, causal)
     return block
 

@@ -25,12 +25,34 @@ sliding window (`_mask_sliding_window`), with the key/value heads shared
 by groups of query heads; the replacement does the same. Its dropout acts
 on the probabilities, which the blocks cannot replay: refused.
 
-The keys and values are repeated to every query head (by keras-hub before
-the call, here for Gemma): linear in the sequence, not quadratic. A class
-not listed here is refused, with the fix, by `enable_long_sequences`.
+Grouped-query attention without the repeat: keras-hub's Llama, Mistral,
+Qwen2 and Phi-3 repeat the key/value heads to the query heads in `call`
+(`ops.repeat(key, num_key_value_groups, axis=2)`, two `[B, S, N, H]`
+tensors per layer that the backward pass keeps); while taken over, the
+instance's group count reads 1, so the repeat keeps the shared heads, and
+the blocks repeat one block of keys at a time (query head `n` reads
+key/value head `n // groups`, keras-hub's order). Gemma shares them inside
+`_compute_attention`, which the replacement is. A class not listed here is
+refused, with the fix, by `enable_long_sequences`.
+
+The mask, never `[B, T, S]`: each of keras-hub's decoder layers builds the
+causal mask of its attention, with the padding (and Mistral's window), as
+a `[B, T, S]` int32 tensor (`compute_causal_mask`), and Qwen2's and Gemma
+2's `_mask_sliding_window` an `[S, S]` one: quadratic in the sequence, in
+every layer, and the boolean copy the blocks took was kept for the
+backward pass. While taken over, the decoder's mask method
+(`_compute_self_attention_mask`, Gemma's `_compute_attention_mask`) hands
+the attention the padding alone, `[B, 1, S]`, when it trains (no cache, no
+`decoder_attention_mask`), and says so to the replacement (`_Stand`),
+which asks the blocks for a causal mask with that key padding and the
+family's window, made one block at a time. With a cache (`generate`) or a
+mask of the user's, keras-hub's own method runs and its mask is used as
+before. `tests/longseq/test_hub_attention.py` compares the two masks.
 """
 
 from __future__ import annotations
+
+import inspect
 
 import tensorflow as tf
 
@@ -61,14 +83,119 @@ READS = {
     ),
 }
 _READS = ("_compute_attention", "_inv_norm_factor")
+# The attribute holding the key/value group count that keras-hub's `call`
+# repeats the shared heads by (set to 1 on the instance while taken over).
+GROUPS = {
+    "LlamaAttention": "num_key_value_groups",
+    "CachedMistralAttention": "_num_key_value_groups",
+    "QwenAttention": "num_key_value_groups",
+    "Phi3Attention": "num_key_value_groups",
+}
+
+
+# keras-hub's decoder layers around those classes: the method that builds
+# the attention mask, and the attribute holding the attention layer.
+DECODERS = {
+    "LlamaTransformerDecoder": (
+        "_compute_self_attention_mask",
+        "_self_attention_layer",
+    ),
+    "MistralTransformerDecoder": (
+        "_compute_self_attention_mask",
+        "_self_attention_layer",
+    ),
+    "QwenTransformerDecoder": (
+        "_compute_self_attention_mask",
+        "_self_attention_layer",
+    ),
+    "Phi3Decoder": ("_compute_self_attention_mask", "attention"),
+    "GemmaDecoderBlock": ("_compute_attention_mask", "attention"),
+}
+_STAND = "_tfmemopt_mask_stand_in"
+
+
+class _Stand:
+    """What a decoder's mask method tells its attention layer: whether the
+    mask it handed over is the `[B, 1, S]` key padding standing in for
+    causal + padding (+ `window`), set on every call of the method and
+    read once by the replacement of `_compute_attention` that follows."""
+
+    def __init__(self):
+        self.armed = False
+        self.window = None
+
+    def set(self, armed: bool, window=None) -> None:
+        self.armed, self.window = armed, window
+
+    def take(self):
+        """`(armed, window)`, disarming."""
+        armed, self.armed = self.armed, False
+        return armed, self.window
+
+
+def _window(decoder, attention):
+    """The sliding window this layer's attention applies, or None: Mistral's
+    is the decoder's `sliding_window` (inside its mask); Qwen2's and Gemma
+    2's the attention's `sliding_window_size` where
+    `use_sliding_window_attention` (both keep keys `i - window < j <= i`).
+    """
+    if type(decoder).__name__ == "MistralTransformerDecoder":
+        return decoder.sliding_window
+    if getattr(attention, "use_sliding_window_attention", False):
+        return int(attention.sliding_window_size)
+    return None
+
+
+def _key_padding(x, padding_mask):
+    """`[B, 1, S]` int32: the keys that are tokens (keras-hub's
+    `merge_padding_and_attention_mask` without an attention mask), all
+    ones without padding."""
+    if padding_mask is None:
+        padding_mask = getattr(x, "_keras_mask", None)
+    if padding_mask is None:
+        return tf.ones(tf.stack([tf.shape(x)[0], 1, tf.shape(x)[1]]), tf.int32)
+    return tf.cast(tf.expand_dims(padding_mask, 1), tf.int32)
+
+
+def patch_hub_decoder(state, decoder) -> None:
+    """Replaces a keras-hub decoder's mask method on the instance (see the
+    module's docstring) when its attention layer is taken over."""
+    method, attribute = DECODERS[type(decoder).__name__]
+    attention = getattr(decoder, attribute, None)
+    stand = getattr(attention, "__dict__", {}).get(_STAND)
+    if stand is None:
+        return
+    original = getattr(decoder, method)
+    signature = inspect.signature(original)
+    window = _window(decoder, attention)
+
+    def mask(*args, **kwargs):
+        # (sequence, padding, [attention mask,] cache, cache index): the
+        # five of the Llama-like decoders (Phi-3 names its cache
+        # `attention_cache`), Gemma's four.
+        given = list(signature.bind(*args, **kwargs).arguments.values())
+        sequence, padding, *rest = given
+        own_mask = rest[0] if len(rest) == 3 else None
+        cache = rest[-2]
+        if cache is not None or own_mask is not None:
+            stand.set(False)
+            return original(*args, **kwargs)
+        stand.set(True, window)
+        return _key_padding(sequence, padding)
+
+    replace_on_instance(state, decoder, method, mask)
+
+
+def is_hub_decoder(layer) -> bool:
+    """Whether `layer` is one of keras-hub's decoders around those classes."""
+    return type(layer).__name__ in DECODERS
 
 
 def is_hub_attention(layer) -> bool:
     """Whether `layer` is one of keras-hub's attention classes taken over."""
     name = type(layer).__name__
-    return name in FAMILIES and all(
-        hasattr(layer, a) for a in READS.get(name, _READS)
-    )
+    reads = READS.get(name, _READS + (GROUPS.get(name, ""),))
+    return name in FAMILIES and all(hasattr(layer, a) for a in reads)
 
 
 def check_hub_attention(layer, path) -> None:
@@ -87,8 +214,10 @@ def patch_hub_attention(state, layer, path) -> None:
     """Replaces `layer._compute_attention` on the instance (undone by
     `disable_long_sequences` through `state.patched`)."""
     block = state.report.block_elements
+    stand = _Stand()
+    replace_on_instance(state, layer, _STAND, stand)
     if type(layer).__name__ == "CachedGemmaAttention":
-        compute_attention = _gemma(layer, block)
+        compute_attention = _gemma(layer, block, stand)
         replace_on_instance(
             state, layer, "_compute_attention", compute_attention
         )
@@ -97,6 +226,18 @@ def patch_hub_attention(state, layer, path) -> None:
     def compute_attention(
         query, key, value, attention_mask=None, cache_update_index=None
     ):
+        standing_in, window = stand.take()
+        if standing_in:  # the key padding [B, 1, S], causal, the window
+            return dot_product_attention(
+                query,
+                key,
+                value,
+                mask=tf.cast(attention_mask, tf.bool)[:, None],
+                is_causal=True,
+                window=window,
+                scale=float(layer._inv_norm_factor),
+                block_elements=block,
+            )
         mask = attention_mask
         if getattr(layer, "use_sliding_window_attention", False):
             mask = layer._mask_sliding_window(
@@ -114,19 +255,42 @@ def patch_hub_attention(state, layer, path) -> None:
         )
 
     replace_on_instance(state, layer, "_compute_attention", compute_attention)
+    # keras-hub's `call` repeats the key/value heads by this count before
+    # `_compute_attention`; at 1 it keeps the shared heads, which the blocks
+    # read per block.
+    replace_on_instance(state, layer, GROUPS[type(layer).__name__], 1)
 
 
-def _gemma(layer, block):
+def _gemma(layer, block, stand):
     if layer.query_head_dim_normalize:
         scale = 1.0 / float(layer.head_dim) ** 0.5
     else:
         scale = 1.0 / float(layer.hidden_dim // layer.num_query_heads) ** 0.5
-    groups = layer.num_query_heads // layer.num_key_value_heads
     cap = layer.logit_soft_cap
 
     def compute_attention(
         q, k, v, attention_mask, training=False, cache_update_index=0
     ):
+        standing_in, window = stand.take()
+        if standing_in:  # the key padding [B, 1, S], causal, the window
+            keys = tf.cast(attention_mask, tf.bool)  # [B, 1, S]
+            out = dot_product_attention(
+                q * tf.cast(scale, q.dtype),
+                k,
+                v,
+                mask=keys[:, None],
+                is_causal=True,
+                window=window,
+                scale=1.0,
+                block_elements=block,
+                soft_cap=None if cap is None else float(cap),
+            )
+            # Gemma's `call` zeroes the rows that see no token (causal and
+            # padding, before the window): from its [B, T, S] mask; here
+            # from the padding, the one row test `call` cannot make from
+            # the stand-in.
+            seen = tf.cumsum(tf.cast(keys[:, 0], tf.int32), axis=1) > 0
+            return tf.where(seen[:, :, None, None], out, tf.zeros_like(out))
         mask = attention_mask
         if layer.use_sliding_window_attention and mask is not None:
             mask = layer._mask_sliding_window(
@@ -135,9 +299,7 @@ def _gemma(layer, block):
         if mask is not None:
             mask = tf.cast(mask, tf.bool)[:, None]
         # Query head n reads key/value head n // groups, as Gemma's
-        # (kv, group) reshape of the queries does.
-        k = tf.repeat(k, groups, axis=2)
-        v = tf.repeat(v, groups, axis=2)
+        # (kv, group) reshape of the queries does: the blocks' order.
         # The query scaled before the scores, as Gemma does (the same
         # rounding); the blocks then scale by 1.
         q = q * tf.cast(scale, q.dtype)

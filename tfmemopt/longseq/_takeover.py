@@ -38,7 +38,9 @@ from tfmemopt.longseq._head import restore_instances
 from tfmemopt.longseq._hub_attention import FAMILIES
 from tfmemopt.longseq._hub_attention import check_hub_attention
 from tfmemopt.longseq._hub_attention import is_hub_attention
+from tfmemopt.longseq._hub_attention import is_hub_decoder
 from tfmemopt.longseq._hub_attention import patch_hub_attention
+from tfmemopt.longseq._hub_attention import patch_hub_decoder
 from tfmemopt.longseq._linear_cross_entropy import DEFAULT_CHUNK_ELEMENTS
 
 ATTENTION_CHOICES = (None, "chunked")
@@ -266,6 +268,10 @@ def enable_long_sequences(
             _patch_attention(state, layer)
         else:
             patch_hub_attention(state, layer, _path(layer))
+    if layers:  # keras-hub's decoders hand their attention the padding
+        for layer in sublayers(model):
+            if is_hub_decoder(layer):
+                patch_hub_decoder(state, layer)
     object.__setattr__(owner, _STATE, state)
     return report
 
