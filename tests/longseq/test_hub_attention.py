@@ -310,3 +310,19 @@ def test_the_stand_in_mask_is_keras_hubs_mask(family):
     np.testing.assert_array_equal(np.asarray(got)[:, 0], want)
     tfmemopt.longseq.disable_long_sequences(lm)
     assert method not in decoder.__dict__
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_left_padding_gives_keras_hubs_outputs(family):
+    """Rows that see no token (left padding): Gemma's `call` zeroes them
+    from its whole mask, the others attend uniformly; with the stand-in
+    mask the logits equal keras-hub's at every position."""
+    lm = _lm(family)
+    x, _, _ = _data()
+    x = dict(x, padding_mask=np.array(x["padding_mask"]))
+    x["padding_mask"][2, :4] = False
+    want = keras.ops.convert_to_numpy(lm(x, training=False))
+    tfmemopt.longseq.enable_long_sequences(lm, chunked_loss=False)
+    got = keras.ops.convert_to_numpy(lm(x, training=False))
+    tfmemopt.longseq.disable_long_sequences(lm)
+    np.testing.assert_allclose(got, want, atol=2e-5, rtol=0)

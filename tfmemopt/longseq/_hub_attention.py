@@ -52,8 +52,10 @@ before. `tests/longseq/test_hub_attention.py` compares the two masks.
 
 from __future__ import annotations
 
+import functools
 import inspect
 
+import keras
 import tensorflow as tf
 
 from tfmemopt.longseq._attention import dot_product_attention
@@ -223,35 +225,24 @@ def patch_hub_attention(state, layer, path) -> None:
         )
         return
 
+    sliding = None
+    if getattr(layer, "use_sliding_window_attention", False):
+        sliding = layer._mask_sliding_window
+    scale = float(layer._inv_norm_factor)
+
     def compute_attention(
         query, key, value, attention_mask=None, cache_update_index=None
     ):
-        standing_in, window = stand.take()
-        if standing_in:  # the key padding [B, 1, S], causal, the window
-            return dot_product_attention(
-                query,
-                key,
-                value,
-                mask=tf.cast(attention_mask, tf.bool)[:, None],
-                is_causal=True,
-                window=window,
-                scale=float(layer._inv_norm_factor),
-                block_elements=block,
-            )
-        mask = attention_mask
-        if getattr(layer, "use_sliding_window_attention", False):
-            mask = layer._mask_sliding_window(
-                mask, cache_update_index=cache_update_index or 0
-            )
-        if mask is not None:
-            mask = tf.cast(mask, tf.bool)[:, None]  # [B, 1, T, S]
-        return dot_product_attention(
+        return _attend(
+            stand,
+            block,
             query,
             key,
             value,
-            mask=mask,
-            scale=float(layer._inv_norm_factor),
-            block_elements=block,
+            attention_mask,
+            cache_update_index,
+            scale=scale,
+            sliding=sliding,
         )
 
     replace_on_instance(state, layer, "_compute_attention", compute_attention)
@@ -268,49 +259,97 @@ def _gemma(layer, block, stand):
         scale = 1.0 / float(layer.hidden_dim // layer.num_query_heads) ** 0.5
     cap = layer.logit_soft_cap
 
+    sliding = None
+    if layer.use_sliding_window_attention:
+        sliding = layer._mask_sliding_window
+
     def compute_attention(
         q, k, v, attention_mask, training=False, cache_update_index=0
     ):
-        standing_in, window = stand.take()
-        if standing_in:  # the key padding [B, 1, S], causal, the window
-            keys = tf.cast(attention_mask, tf.bool)  # [B, 1, S]
-            out = dot_product_attention(
-                q * tf.cast(scale, q.dtype),
-                k,
-                v,
-                mask=keys[:, None],
-                is_causal=True,
-                window=window,
-                scale=1.0,
-                block_elements=block,
-                soft_cap=None if cap is None else float(cap),
-            )
-            # Gemma's `call` zeroes the rows that see no token (causal and
-            # padding, before the window): from its [B, T, S] mask; here
-            # from the padding, the one row test `call` cannot make from
-            # the stand-in.
-            seen = tf.cumsum(tf.cast(keys[:, 0], tf.int32), axis=1) > 0
-            return tf.where(seen[:, :, None, None], out, tf.zeros_like(out))
-        mask = attention_mask
-        if layer.use_sliding_window_attention and mask is not None:
-            mask = layer._mask_sliding_window(
-                mask, cache_update_index=cache_update_index
-            )
-        if mask is not None:
-            mask = tf.cast(mask, tf.bool)[:, None]
         # Query head n reads key/value head n // groups, as Gemma's
         # (kv, group) reshape of the queries does: the blocks' order.
         # The query scaled before the scores, as Gemma does (the same
         # rounding); the blocks then scale by 1.
-        q = q * tf.cast(scale, q.dtype)
-        return dot_product_attention(
-            q,
+        return _attend(
+            stand,
+            block,
+            q * tf.cast(scale, q.dtype),
             k,
             v,
-            mask=mask,
+            attention_mask,
+            cache_update_index,
             scale=1.0,
-            block_elements=block,
             soft_cap=None if cap is None else float(cap),
+            sliding=sliding,
         )
 
     return compute_attention
+
+
+def _attend(
+    stand,
+    block,
+    query,
+    key,
+    value,
+    attention_mask,
+    cache_update_index,
+    *,
+    scale,
+    soft_cap=None,
+    sliding=None,
+):
+    """The blocks, with the mask keras-hub's `_compute_attention` applies:
+    the decoder's stand-in (the key padding `[B, 1, S]`; causal and the
+    window made per block), or its whole mask (with a cache) through the
+    layer's `_mask_sliding_window`. Rows whose every key is masked are 0,
+    as keras-hub's `keras.layers.Softmax` makes them (Keras 3.15; where
+    Keras gives the uniform softmax instead, the blocks do too)."""
+    standing_in, window = stand.take()
+    if standing_in:
+        keys = tf.cast(attention_mask, tf.bool)  # [B, 1, S]
+        mask, causal = keys[:, None], True
+        seen = _rows_that_see(keys[:, 0], window)
+    else:
+        mask, causal, window, seen = attention_mask, False, None, None
+        if mask is not None:
+            if sliding is not None:
+                mask = sliding(mask, cache_update_index=cache_update_index or 0)
+            mask = tf.cast(mask, tf.bool)[:, None]  # [B, 1, T, S]
+            seen = tf.reduce_any(mask[:, 0], axis=-1)
+    out = dot_product_attention(
+        query,
+        key,
+        value,
+        mask=mask,
+        is_causal=causal,
+        window=window,
+        scale=scale,
+        block_elements=block,
+        soft_cap=soft_cap,
+    )
+    if seen is None or not _softmax_zeroes_masked_rows():
+        return out
+    return tf.where(seen[:, :, None, None], out, tf.zeros_like(out))
+
+
+def _rows_that_see(keys, window):
+    """`[B, T]`: whether query `i` sees a token, under the causal mask (and
+    the window) and the key padding `keys` `[B, S]` (S = T, no cache): a
+    token among keys `(i - window, i]`, counted by a cumulative sum."""
+    count = tf.cumsum(tf.cast(keys, tf.int32), axis=1)
+    if window is None:
+        return count > 0
+    before = tf.pad(count, [[0, 0], [window, 0]])[:, : tf.shape(count)[1]]
+    return count - before > 0
+
+
+@functools.cache
+def _softmax_zeroes_masked_rows() -> bool:
+    """Whether `keras.layers.Softmax` gives 0 for a row whose every entry
+    is masked (Keras 3.15 does; keras-hub's attention layers use it)."""
+    with tf.init_scope():
+        out = keras.layers.Softmax()(
+            tf.zeros((1, 2)), mask=tf.constant([[False, False]])
+        )
+        return float(tf.reduce_max(tf.abs(out))) == 0.0
