@@ -168,6 +168,24 @@ def _gpt2(**kwargs):
     return tfmemopt.Model.wrap(task, **kwargs)
 
 
+def _llama(**kwargs):
+    """keras-hub Llama (tiny, no download): 4 query heads sharing 2
+    key/value heads, the attention class `attention="chunked"` takes over
+    with its decoder's mask (#48)."""
+    import keras_hub
+
+    backbone = keras_hub.models.LlamaBackbone(
+        vocabulary_size=VOCAB,
+        num_layers=1,
+        num_query_heads=4,
+        num_key_value_heads=2,
+        hidden_dim=16,
+        intermediate_dim=32,
+    )
+    task = keras_hub.models.LlamaCausalLM(backbone=backbone, preprocessor=None)
+    return tfmemopt.Model.wrap(task, **kwargs)
+
+
 def _embedding(**kwargs):
     """What a causal LM's step does to the weights that matter here (an
     embedding with IndexedSlices gradients, a dense head over the
@@ -329,6 +347,7 @@ _MODELS = {
     "subclassed": lambda **kw: Subclassed(**kw),
     "keras": _plain,
     "gpt2": _gpt2,
+    "llama": _llama,
     "embedding": _embedding,
 }
 
@@ -398,6 +417,18 @@ CASES = {
             "checkpointing": "auto",
             "accumulation_steps": 2,
             "chunked_loss": True,
+        },
+        tokens=True,
+    ),
+    # Chunked attention on an open-LLM family (#48): the takeover of
+    # keras-hub's attention and decoder mask comes back with the model.
+    "llama/chunked_loss+attention+accumulation": Case(
+        "llama",
+        _adamw,
+        {
+            "accumulation_steps": 2,
+            "chunked_loss": True,
+            "attention": "chunked",
         },
         tokens=True,
     ),
@@ -485,7 +516,7 @@ def rows(group: str) -> list:
             kind = (
                 "bfloat16_replicas" if case.policy == "bfloat16" else "replicas"
             )
-        elif case.model == "gpt2" or case.lora:
+        elif case.model in ("gpt2", "llama") or case.lora:
             kind = "keras_hub_and_lora"
         elif _uses_tfmemopt_optimizer(case):
             kind = "tfmemopt_optimizers"
@@ -692,6 +723,13 @@ def _features(model) -> dict:
         "sharded": getattr(model, "_shards", None) is not None,
         "chunked_head": getattr(
             getattr(model, "long_sequences", None), "head", None
+        ),
+        # the attention layers taken over (attention="chunked", #48)
+        "chunked_attention": len(
+            getattr(
+                getattr(model, "long_sequences", None), "attention_layers", ()
+            )
+            or ()
         ),
         "lora_layers": len(lora_layers(model)),
         "trainable": len(model.trainable_variables),
