@@ -158,7 +158,7 @@ def test_skipping_hidden_blocks_changes_no_bit(monkeypatch, min_rows, per_head):
             full = run(chunked, m, causal, window=window)
         for a, b in zip(got, full):
             np.testing.assert_array_equal(a.numpy(), b.numpy())
-        rows, cols = _attention._block_shape(q, k, block_elements)
+        rows, cols = _attention.block_shape(q, k, block_elements)
         k_blocks = (T + cols - 1) // cols
         ranges = [
             _attention._key_range(

@@ -34,15 +34,15 @@ import tensorflow as tf
 
 from tfmemopt import _compat
 from tfmemopt.longseq._attention_blocks import DEFAULT_BLOCK_ELEMENTS
-from tfmemopt.longseq._attention_blocks import _block_shape
-from tfmemopt.longseq._attention_blocks import _causal
-from tfmemopt.longseq._attention_blocks import _loop
-from tfmemopt.longseq._attention_blocks import _scores
-from tfmemopt.longseq._attention_blocks import _through_soft_cap
+from tfmemopt.longseq._attention_blocks import block_loop
+from tfmemopt.longseq._attention_blocks import block_scores
+from tfmemopt.longseq._attention_blocks import block_shape
+from tfmemopt.longseq._attention_blocks import causal_mask
 from tfmemopt.longseq._attention_blocks import pk
 from tfmemopt.longseq._attention_blocks import pq
 from tfmemopt.longseq._attention_blocks import pv
 from tfmemopt.longseq._attention_blocks import qk
+from tfmemopt.longseq._attention_blocks import through_soft_cap
 from tfmemopt.longseq._attention_xla import attend_xla
 
 
@@ -149,7 +149,7 @@ def _block_mask(mask, is_causal, q0, rows, k0, cols, window=None):
         if mask.shape[3] != 1:
             block = block[:, :, :, k0 : k0 + cols]
     if is_causal:
-        causal = _causal(
+        causal = causal_mask(
             tf.range(q0, q0 + rows), tf.range(k0, k0 + cols), window
         )
         block = causal if block is None else tf.logical_and(block, causal)
@@ -220,7 +220,7 @@ def _attend(
     def forward(q, k, v):
         t_len = tf.shape(q)[1]
         s_len = tf.shape(k)[1]
-        rows, cols = _block_shape(q, k, block_elements)
+        rows, cols = block_shape(q, k, block_elements)
         q_blocks = (t_len + rows - 1) // rows
         k_blocks = (s_len + cols - 1) // cols
         batch_heads = tf.stack([tf.shape(q)[0], tf.shape(q)[2]])
@@ -238,7 +238,9 @@ def _attend(
                 k_blk = k[:, k0 : k0 + cols]
                 c = tf.shape(k_blk)[1]
                 mask_blk = _block_mask(mask, is_causal, q0, r[0], k0, c, window)
-                s = _scores(q_blk, k_blk, mask_blk, scale, soft_cap, groups)
+                s = block_scores(
+                    q_blk, k_blk, mask_blk, scale, soft_cap, groups
+                )
                 m_new = tf.maximum(m, tf.reduce_max(s, axis=-1))
                 alpha = tf.exp(m - m_new)
                 p = tf.exp(s - m_new[..., None])
@@ -248,7 +250,7 @@ def _attend(
                 return j + 1, m_new, total, acc
 
             lead = tf.concat([batch_heads, r], 0)
-            m, total, acc = _loop(
+            m, total, acc = block_loop(
                 hi,
                 k_body,
                 [
@@ -277,7 +279,7 @@ def _attend(
                 hi_ta.write(i, hi),
             )
 
-        out_ta, max_ta, log_ta, lo_ta, hi_ta = _loop(
+        out_ta, max_ta, log_ta, lo_ta, hi_ta = block_loop(
             q_blocks,
             q_body,
             [_array(v.dtype, q_blocks)]
@@ -318,7 +320,7 @@ def _attend(
                     do_blk = d_out[:, q0 : q0 + rows]
                     r = tf.shape(q_blk)[1]
                     m = _block_mask(mask, is_causal, q0, r, k0, c, window)
-                    s = _scores(q_blk, k_blk, m, scale, soft_cap, groups)
+                    s = block_scores(q_blk, k_blk, m, scale, soft_cap, groups)
                     p = tf.exp(
                         (s - row_max[:, :, q0 : q0 + rows, None])
                         - log_sum[:, :, q0 : q0 + rows, None]
@@ -331,7 +333,7 @@ def _attend(
                     ds = p * (dp - delta[:, :, q0 : q0 + rows, None])
                     if m is not None:
                         ds = tf.where(m, ds, tf.zeros((), ds.dtype))
-                    ds = _through_soft_cap(ds, s, soft_cap)
+                    ds = through_soft_cap(ds, s, soft_cap)
                     ds = tf.cast(ds * scale, q.dtype)
                     dq_blk = pk(ds, k_blk, groups)
                     dk_blk = dk_blk + tf.cast(pq(ds, q_blk, groups), tf.float32)
@@ -340,7 +342,7 @@ def _attend(
                     )
                     return i + 1, dq_ta, dk_blk, dv_blk
 
-                dq_ta, dk_blk, dv_blk = _loop(
+                dq_ta, dk_blk, dv_blk = block_loop(
                     stop,
                     q_body,
                     [
@@ -366,7 +368,7 @@ def _attend(
                 dv_ta = dv_ta.write(j, tf.transpose(dv_blk, [1, 0, 2, 3]))
                 return j + 1, dq, dk_ta, dv_ta
 
-            dq, dk_ta, dv_ta = _loop(
+            dq, dk_ta, dv_ta = block_loop(
                 k_blocks,
                 k_body,
                 [

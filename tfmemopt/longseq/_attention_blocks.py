@@ -13,13 +13,13 @@ DEFAULT_BLOCK_ELEMENTS = 1 << 20
 MIN_ROWS = 64
 
 
-def _large_negative(dtype) -> float:
+def large_negative(dtype) -> float:
     # Keras's value (keras/src/backend/tensorflow/nn.py, the score dtype is
     # float32 here): -0.7 times the largest float.
     return -0.7 * 3.38953e38
 
 
-def _block_shape(query, key, block_elements):
+def block_shape(query, key, block_elements):
     """Query rows and key columns per block, as scalar tensors."""
     shape_q = tf.shape(query)
     t_len, s_len = shape_q[1], tf.shape(key)[1]
@@ -99,7 +99,7 @@ def pq(p, q, groups: int = 1):
     )
 
 
-def _causal(q_idx, k_idx, window=None):
+def causal_mask(q_idx, k_idx, window=None):
     """`(1, 1, rows, cols)`: query `i` sees key `j <= i` (and `j > i -
     window` under a sliding window)."""
     ahead = q_idx[:, None] - k_idx[None, :]
@@ -109,17 +109,17 @@ def _causal(q_idx, k_idx, window=None):
     return seen[None, None]
 
 
-def _scores(q_blk, k_blk, block_mask, scale, soft_cap=None, groups=1):
+def block_scores(q_blk, k_blk, block_mask, scale, soft_cap=None, groups=1):
     s = qk(q_blk, k_blk, groups)
     s = tf.cast(s, tf.float32) * scale
     if soft_cap is not None:  # Gemma 2: cap * tanh(s / cap), then the mask
         s = soft_cap * tf.tanh(s / soft_cap)
     if block_mask is not None:
-        s = tf.where(block_mask, s, _large_negative(s.dtype))
+        s = tf.where(block_mask, s, large_negative(s.dtype))
     return s
 
 
-def _through_soft_cap(ds, s, soft_cap):
+def through_soft_cap(ds, s, soft_cap):
     """The gradient `ds` of capped scores `s` taken back through the cap:
     times `1 - tanh^2 = 1 - (s / cap)^2`. Masked and padded scores (a large
     negative number, -inf) are outside (-cap, cap): clipped to a factor of
@@ -130,7 +130,7 @@ def _through_soft_cap(ds, s, soft_cap):
     return ds * (1.0 - tf.square(t))
 
 
-def _loop(n, body, loop_vars, invariants, start=None):
+def block_loop(n, body, loop_vars, invariants, start=None):
     return tf.while_loop(
         lambda i, *_: i < n,
         body,

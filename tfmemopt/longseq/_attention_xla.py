@@ -6,15 +6,15 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tfmemopt import _compat
-from tfmemopt.longseq._attention_blocks import _block_shape
-from tfmemopt.longseq._attention_blocks import _causal
-from tfmemopt.longseq._attention_blocks import _loop
-from tfmemopt.longseq._attention_blocks import _scores
-from tfmemopt.longseq._attention_blocks import _through_soft_cap
+from tfmemopt.longseq._attention_blocks import block_loop
+from tfmemopt.longseq._attention_blocks import block_scores
+from tfmemopt.longseq._attention_blocks import block_shape
+from tfmemopt.longseq._attention_blocks import causal_mask
 from tfmemopt.longseq._attention_blocks import pk
 from tfmemopt.longseq._attention_blocks import pq
 from tfmemopt.longseq._attention_blocks import pv
 from tfmemopt.longseq._attention_blocks import qk
+from tfmemopt.longseq._attention_blocks import through_soft_cap
 
 
 def attend_xla(
@@ -49,7 +49,7 @@ def attend_xla(
     def forward(q, k, v):
         t_len = tf.shape(q)[1]
         s_len = tf.shape(k)[1]
-        rows, cols = _block_shape(q, k, block_elements)
+        rows, cols = block_shape(q, k, block_elements)
         q_blocks = (t_len + rows - 1) // rows
         k_blocks = (s_len + cols - 1) // cols
         t_pad, s_pad = q_blocks * rows, k_blocks * cols
@@ -68,7 +68,7 @@ def attend_xla(
 
         def scores(q_blk, q0, k0):
             k_blk = _cut(kp, 1, k0, cols)
-            s = _scores(
+            s = block_scores(
                 q_blk,
                 k_blk,
                 _block_mask_xla(maskp, is_causal, q0, rows, k0, cols, window),
@@ -101,7 +101,7 @@ def attend_xla(
                 return j + 1, m_new, total, acc
 
             lead = tf.stack([b, n, rows])
-            m, total, acc = _loop(
+            m, total, acc = block_loop(
                 hi,
                 k_body,
                 [
@@ -120,7 +120,7 @@ def attend_xla(
             log_sum = update(log_sum, tf.math.log(total), [zero, zero, q0])
             return i + 1, out, row_max, log_sum
 
-        out_p, row_max, log_sum = _loop(
+        out_p, row_max, log_sum = block_loop(
             q_blocks,
             q_body,
             [
@@ -168,7 +168,7 @@ def attend_xla(
                     )
                     if mask_blk is not None:
                         ds = tf.where(mask_blk, ds, tf.zeros((), ds.dtype))
-                    ds = _through_soft_cap(ds, s, soft_cap)
+                    ds = through_soft_cap(ds, s, soft_cap)
                     ds = tf.cast(ds * scale, q.dtype)
                     dq_blk = pk(ds, k_blk, groups)
                     at = [zero, q0, zero, zero]
@@ -180,7 +180,7 @@ def attend_xla(
                     dk_blk = dk_blk + tf.cast(pq(ds, q_blk, groups), tf.float32)
                     return i + 1, dq, dk_blk, dv_blk
 
-                dq, dk_blk, dv_blk = _loop(
+                dq, dk_blk, dv_blk = block_loop(
                     q_blocks,
                     q_body,
                     [
@@ -196,7 +196,7 @@ def attend_xla(
                 at = [zero, k0, zero, zero]
                 return j + 1, dq, update(dk, dk_blk, at), update(dv, dv_blk, at)
 
-            dq, dk, dv = _loop(
+            dq, dk, dv = block_loop(
                 k_blocks,
                 k_body,
                 [
@@ -227,7 +227,7 @@ def _block_mask_xla(mask, is_causal, q0, rows, k0, cols, window=None):
         if mask.shape[3] != 1:
             block = _cut(block, 3, k0, cols)
     if is_causal:
-        causal = _causal(q0 + tf.range(rows), k0 + tf.range(cols), window)
+        causal = causal_mask(q0 + tf.range(rows), k0 + tf.range(cols), window)
         block = causal if block is None else tf.logical_and(block, causal)
     return block
 
