@@ -20,7 +20,9 @@ export TFMEMOPT_TEST_FORK ?= 1
 # (03b0a9c, a few more trainings; 34.4): a third worker on two
 # cores cost more CPU than it kept busy. (On 2026-12-06's machine three had
 # been faster: 1028.4 s against 1173.1 s.)
-PYTEST_ARGS ?= -n 2 --dist loadfile --no-loadscope-reorder
+# --durations=60: every run ends with its 60 slowest tests (setup, call and
+# teardown apart), where the suite's time goes (#51).
+PYTEST_ARGS ?= -n 2 --dist loadfile --no-loadscope-reorder --durations=60
 # `make test` (CI) leaves out the tests marked `extended` (pyproject.toml:
 # a check the default suite already makes, repeated at a larger size or on
 # more models); `make test-full` runs them too.

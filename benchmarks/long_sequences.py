@@ -24,6 +24,11 @@ plain Keras and to the plain wrap of the same size.
 
 Run: `python benchmarks/long_sequences.py` (writes its section of
 BENCHMARKS.md); `--cell KIND VARIANT T` runs one cell and prints JSON.
+
+keras-hub's open-LLM families (Llama, Mistral, Qwen2, Phi-3, Gemma; #48):
+`python benchmarks/long_sequences.py --families` runs
+benchmarks/llm_families.py (its environment variables choose the tokens,
+the families, XLA and the timing mode; its docstring says how).
 """
 
 import os
@@ -230,5 +235,10 @@ if __name__ == "__main__":
         else:
             out = cell(sys.argv[2], sys.argv[3], int(sys.argv[4]))
         print(json.dumps(out), flush=True)
+    elif sys.argv[1:] == ["--families"]:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import llm_families
+
+        llm_families.main()
     else:
         main()
