@@ -169,6 +169,8 @@ def test_skipping_hidden_blocks_changes_no_bit(monkeypatch, min_rows, per_head):
         skipped.append(
             sum(int(k_blocks) - int(hi) + int(lo) for lo, hi in ranges)
         )
+        if window is not None:  # blocks skipped before the window too
+            assert any(int(lo) > 0 for lo, _ in ranges), ranges
     # Every mask hides whole blocks somewhere: the padded and causal ones
     # at the end of the first query blocks' keys, the band before and
     # after, the key padding at the end.
@@ -461,5 +463,18 @@ def test_sliding_window_equals_the_banded_mask(jit_compile):
             d_out,
         )
         assert _diff(got, want) < 2e-6, (window, _diff(got, want))
+    # More queries than keys: rows past the last key + window see none
+    # and attend to every key, as in Keras (the skipped ranges must not
+    # leave them empty).
+    s_len, window = 4, 2
+    k_few, v_few = k[:, :s_len], v[:, :s_len]
+    band = (rows >= cols[:, :s_len]) & (rows - cols[:, :s_len] < window)
+    got = dot_product_attention(
+        q, k_few, v_few, is_causal=True, window=window, block_elements=B * N * 3
+    )
+    want = keras.ops.dot_product_attention(
+        q, k_few, v_few, mask=tf.constant(band[None, None])
+    )
+    assert _diff([got], [want]) < 2e-6
     with pytest.raises(ValueError, match="is_causal=True"):
         dot_product_attention(q, k, v, window=4)

@@ -168,7 +168,11 @@ def _key_range(mask, is_causal, q0, rows, s_len, cols, k_blocks, window=None):
         hi = tf.minimum((q0 + rows - 1) // cols + 1, k_blocks)
         if window is None:
             return tf.constant(0), hi
-        return tf.maximum(q0 - window + 1, 0) // cols, hi
+        # With more queries than keys, row r sees no key once r - window + 1
+        # passes the last key: a fully masked row attends to every key.
+        seen = q0 + rows - 1 <= s_len + window - 2
+        lo = tf.maximum(q0 - window + 1, 0) // cols
+        return tf.where(seen, lo, 0), tf.where(seen, hi, k_blocks)
     if mask.shape[3] == 1:  # broadcast over keys: nothing to locate
         return everything
     block = _block_mask(mask, is_causal, q0, rows, 0, s_len, window)

@@ -116,23 +116,19 @@ DECODERS = {
 _STAND = "_tfmemopt_mask_stand_in"
 
 
+# The stand-in's dtype: keras-hub's masks are int32 or bool, never int8, so
+# the attention recognises the stand-in from the tensor alone, also where a
+# layer's call is replayed without its decoder (checkpointing a list of
+# attention layers recomputes each on its own inputs).
+STAND_IN_DTYPE = tf.int8
+
+
 class _Stand:
-    """What a decoder's mask method tells its attention layer: whether the
-    mask it handed over is the `[B, 1, S]` key padding standing in for
-    causal + padding (+ `window`), set on every call of the method and
-    read once by the replacement of `_compute_attention` that follows."""
+    """The sliding window of the attention layer whose decoder hands it the
+    stand-in (None: none), set when the decoder is taken over."""
 
     def __init__(self):
-        self.armed = False
         self.window = None
-
-    def set(self, armed: bool, window=None) -> None:
-        self.armed, self.window = armed, window
-
-    def take(self):
-        """`(armed, window)`, disarming."""
-        armed, self.armed = self.armed, False
-        return armed, self.window
 
 
 def _window(decoder, attention):
@@ -149,14 +145,15 @@ def _window(decoder, attention):
 
 
 def _key_padding(x, padding_mask):
-    """`[B, 1, S]` int32: the keys that are tokens (keras-hub's
-    `merge_padding_and_attention_mask` without an attention mask), all
-    ones without padding."""
+    """The stand-in: `[B, 1, S]` of `STAND_IN_DTYPE`, the keys that are
+    tokens (keras-hub's `merge_padding_and_attention_mask` without an
+    attention mask), all ones without padding."""
     if padding_mask is None:
         padding_mask = getattr(x, "_keras_mask", None)
     if padding_mask is None:
-        return tf.ones(tf.stack([tf.shape(x)[0], 1, tf.shape(x)[1]]), tf.int32)
-    return tf.cast(tf.expand_dims(padding_mask, 1), tf.int32)
+        shape = tf.stack([tf.shape(x)[0], 1, tf.shape(x)[1]])
+        return tf.ones(shape, STAND_IN_DTYPE)
+    return tf.cast(tf.expand_dims(padding_mask, 1), STAND_IN_DTYPE)
 
 
 def patch_hub_decoder(state, decoder) -> None:
@@ -168,21 +165,21 @@ def patch_hub_decoder(state, decoder) -> None:
     if stand is None:
         return
     original = getattr(decoder, method)
-    signature = inspect.signature(original)
-    window = _window(decoder, attention)
+    # keras-hub's own signature (the instance may hold an earlier takeover's
+    # replacement, of `*args, **kwargs`), `self` bound to None.
+    signature = inspect.signature(getattr(type(decoder), method))
+    stand.window = _window(decoder, attention)
 
     def mask(*args, **kwargs):
         # (sequence, padding, [attention mask,] cache, cache index): the
         # five of the Llama-like decoders (Phi-3 names its cache
         # `attention_cache`), Gemma's four.
-        given = list(signature.bind(*args, **kwargs).arguments.values())
-        sequence, padding, *rest = given
+        bound = signature.bind(None, *args, **kwargs).arguments
+        sequence, padding, *rest = list(bound.values())[1:]
         own_mask = rest[0] if len(rest) == 3 else None
         cache = rest[-2]
         if cache is not None or own_mask is not None:
-            stand.set(False)
             return original(*args, **kwargs)
-        stand.set(True, window)
         return _key_padding(sequence, padding)
 
     replace_on_instance(state, decoder, method, mask)
@@ -215,11 +212,10 @@ def check_hub_attention(layer, path) -> None:
 def patch_hub_attention(state, layer, path) -> None:
     """Replaces `layer._compute_attention` on the instance (undone by
     `disable_long_sequences` through `state.patched`)."""
-    block = state.report.block_elements
     stand = _Stand()
     replace_on_instance(state, layer, _STAND, stand)
     if type(layer).__name__ == "CachedGemmaAttention":
-        compute_attention = _gemma(layer, block, stand)
+        compute_attention = _gemma(layer, state.report, stand)
         replace_on_instance(
             state, layer, "_compute_attention", compute_attention
         )
@@ -235,7 +231,7 @@ def patch_hub_attention(state, layer, path) -> None:
     ):
         return _attend(
             stand,
-            block,
+            state.report,
             query,
             key,
             value,
@@ -252,7 +248,7 @@ def patch_hub_attention(state, layer, path) -> None:
     replace_on_instance(state, layer, GROUPS[type(layer).__name__], 1)
 
 
-def _gemma(layer, block, stand):
+def _gemma(layer, report, stand):
     if layer.query_head_dim_normalize:
         scale = 1.0 / float(layer.head_dim) ** 0.5
     else:
@@ -272,7 +268,7 @@ def _gemma(layer, block, stand):
         # rounding); the blocks then scale by 1.
         return _attend(
             stand,
-            block,
+            report,
             q * tf.cast(scale, q.dtype),
             k,
             v,
@@ -288,7 +284,7 @@ def _gemma(layer, block, stand):
 
 def _attend(
     stand,
-    block,
+    report,
     query,
     key,
     value,
@@ -300,13 +296,15 @@ def _attend(
     sliding=None,
 ):
     """The blocks, with the mask keras-hub's `_compute_attention` applies:
-    the decoder's stand-in (the key padding `[B, 1, S]`; causal and the
-    window made per block), or its whole mask (with a cache) through the
-    layer's `_mask_sliding_window`. Rows whose every key is masked are 0,
-    as keras-hub's `keras.layers.Softmax` makes them (Keras 3.15; where
-    Keras gives the uniform softmax instead, the blocks do too)."""
-    standing_in, window = stand.take()
-    if standing_in:
+    the decoder's stand-in (the key padding `[B, 1, S]` of
+    `STAND_IN_DTYPE`; causal and the window made per block), or its whole
+    mask (with a cache) through the layer's `_mask_sliding_window`. The
+    block size is the report's when the step is traced. Rows whose every
+    key is masked are 0, as keras-hub's `keras.layers.Softmax` makes them
+    (Keras 3.15; where Keras gives the uniform softmax instead, the blocks
+    do too)."""
+    window = stand.window
+    if attention_mask is not None and attention_mask.dtype == STAND_IN_DTYPE:
         keys = tf.cast(attention_mask, tf.bool)  # [B, 1, S]
         mask, causal = keys[:, None], True
         seen = _rows_that_see(keys[:, 0], window)
@@ -314,7 +312,9 @@ def _attend(
         mask, causal, window, seen = attention_mask, False, None, None
         if mask is not None:
             if sliding is not None:
-                mask = sliding(mask, cache_update_index=cache_update_index or 0)
+                # the index as keras-hub passes it (a tensor in generate)
+                index = 0 if cache_update_index is None else cache_update_index
+                mask = sliding(mask, cache_update_index=index)
             mask = tf.cast(mask, tf.bool)[:, None]  # [B, 1, T, S]
             seen = tf.reduce_any(mask[:, 0], axis=-1)
     out = dot_product_attention(
@@ -325,7 +325,7 @@ def _attend(
         is_causal=causal,
         window=window,
         scale=scale,
-        block_elements=block,
+        block_elements=report.block_elements,
         soft_cap=soft_cap,
     )
     if seen is None or not _softmax_zeroes_masked_rows():

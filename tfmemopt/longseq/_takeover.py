@@ -130,7 +130,6 @@ def _check_attention(layer):
 
 def _patch_attention(state, layer):
     scale = 1.0 / float(layer.key_dim) ** 0.5
-    block = state.report.block_elements
 
     def compute_attention(
         query,
@@ -160,7 +159,9 @@ def _patch_attention(state, layer):
             mask=mask,
             scale=scale,
             is_causal=bool(use_causal_mask),
-            block_elements=block,
+            # the report's when the step is traced (a test or a user may
+            # set `model.long_sequences.block_elements` after the wrap)
+            block_elements=state.report.block_elements,
         )
         return out, None
 
