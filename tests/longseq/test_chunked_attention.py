@@ -420,11 +420,14 @@ def test_heads_that_do_not_group_are_refused():
 
 
 @pytest.mark.parametrize("jit_compile", [False, True], ids=["graph", "xla"])
-def test_sliding_window_equals_the_banded_mask(jit_compile):
+def test_sliding_window_equals_the_banded_mask(monkeypatch, jit_compile):
     """`window` (keras-hub's decoders' sliding window, made per block):
     output and gradients equal Keras's attention under the whole banded
     mask (causal, keys `i - 4 < j <= i`, key padding), in blocks of 3
     keys; a window wider than the sequence is the causal mask."""
+    # query blocks of 3 rows: the first has rows that see no key (left
+    # padding), which must run every key block, the others skip
+    monkeypatch.setattr(_attention_blocks, "MIN_ROWS", 3)
     rng = np.random.default_rng(3)
     q, k, v, d_out = (
         tf.constant(rng.normal(size=(B, T, N, H)), tf.float32) for _ in range(4)

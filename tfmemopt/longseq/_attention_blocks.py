@@ -68,8 +68,11 @@ def qk(q, k, groups: int = 1):
     `d_out x v`)."""
     if groups == 1:
         return tf.einsum("BTNH,BSNH->BNTS", q, k)
-    s = tf.einsum("BTKGH,BSKH->BKGTS", _grouped(q, 2, groups), k)
-    return _merged(s, 1)
+    # The query block first to (B, K, G, T, H) (small): the product then
+    # comes out in the scores' order; "BTKGH,..." would make einsum
+    # transpose the scores (T before G), a copy of the largest tensor.
+    q = tf.transpose(_grouped(q, 2, groups), [0, 2, 3, 1, 4])
+    return _merged(tf.einsum("BKGTH,BSKH->BKGTS", q, k), 1)
 
 
 def pv(p, v, groups: int = 1):

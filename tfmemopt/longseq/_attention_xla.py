@@ -38,9 +38,13 @@ def attend_xla(
     known when XLA compiles): padded keys score `-inf` (nothing, even in a
     fully masked row, which attends uniformly to the real keys as in Keras),
     padded query rows are dropped. Blocks are written into whole buffers in
-    place (XLA's DynamicUpdateSlice). Under a causal mask without another
-    mask the blocks above the diagonal are skipped, as in `_attend`; with a
-    mask every block runs.
+    place (XLA's DynamicUpdateSlice). Under a causal mask, alone or with
+    a mask over keys only (`[B, 1 or N, 1, S]`: keras-hub's key padding),
+    the blocks above the diagonal are skipped, as in `_attend`, by every
+    query block whose rows all see a key (a fully masked row attends to
+    every key, as in Keras: its block runs them all); with a mask over
+    queries every block runs. Running a block a row cannot see adds an
+    exact 0, so only the skipping needs that check.
     """
     update = _compat.dynamic_update_slice
     groups = query.shape[2] // key.shape[2]
@@ -62,9 +66,21 @@ def attend_xla(
                 maskp = _pad_axis(maskp, 2, t_pad - t_len, True)
             if mask.shape[3] != 1:
                 maskp = _pad_axis(maskp, 3, s_pad - s_len, False)
-        skip = is_causal and mask is None
+        skip = is_causal and (mask is None or mask.shape[2] == 1)
         b, n = tf.shape(q)[0], tf.shape(q)[2]
         zero = tf.constant(0)
+        # Per query block: whether its rows all see a key (True without a
+        # mask); the first block where one does not.
+        whole = tf.ones(tf.stack([q_blocks]), tf.bool)
+        if skip and mask is not None:
+            seen = _rows_seen(mask, t_len, window)
+            seen = _pad_axis(seen, 0, t_pad - t_len, True)
+            whole = tf.reduce_all(
+                tf.reshape(seen, tf.stack([q_blocks, rows])), 1
+            )
+        first_partial = tf.reduce_min(
+            tf.where(whole, q_blocks, tf.range(q_blocks))
+        )
 
         def scores(q_blk, q0, k0):
             k_blk = _cut(kp, 1, k0, cols)
@@ -82,11 +98,13 @@ def attend_xla(
         def q_body(i, out, row_max, log_sum):
             q0 = i * rows
             q_blk = _cut(qp, 1, q0, rows)
-            hi = (
-                tf.minimum((q0 + rows - 1) // cols + 1, k_blocks)
-                if skip
-                else k_blocks
-            )
+            hi = k_blocks
+            if skip:
+                hi = tf.where(
+                    whole[i],
+                    tf.minimum((q0 + rows - 1) // cols + 1, k_blocks),
+                    k_blocks,
+                )
 
             def k_body(j, m, total, acc):
                 k0 = j * cols
@@ -147,7 +165,9 @@ def attend_xla(
             def k_body(j, dq, dk, dv):
                 k0 = j * cols
                 v_blk = _cut(vp, 1, k0, cols)
-                first = (k0 // rows) if skip else zero
+                # from the first query block that sees key block j (or
+                # the first with a fully masked row, which sees them all)
+                first = tf.minimum(k0 // rows, first_partial) if skip else zero
 
                 def q_body(i, dq, dk_blk, dv_blk):
                     q0 = i * rows
@@ -230,6 +250,23 @@ def _block_mask_xla(mask, is_causal, q0, rows, k0, cols, window=None):
         causal = causal_mask(q0 + tf.range(rows), k0 + tf.range(cols), window)
         block = causal if block is None else tf.logical_and(block, causal)
     return block
+
+
+def _rows_seen(mask, t_len, window):
+    """`[T]`: whether query `i` sees a key in every batch row and head,
+    under the causal mask (and `window`: keys `i - window < j <= i`) and
+    `mask` over keys only, `[B, 1 or N, 1, S]`: counted by a cumulative sum
+    over the keys, never a `(T, S)` tensor."""
+    count = tf.cumsum(tf.cast(mask[:, :, 0, :], tf.int32), axis=-1)
+    last = tf.shape(count)[-1] - 1
+    i = tf.range(t_len)
+    upto = tf.gather(count, tf.minimum(i, last), axis=-1)  # keys <= i
+    if window is not None:
+        before = tf.gather(
+            count, tf.clip_by_value(i - window, 0, last), axis=-1
+        )
+        upto = upto - tf.where(i - window >= 0, before, 0)
+    return tf.reduce_all(upto > 0, axis=[0, 1])
 
 
 def _cut(x, axis: int, start, size):
