@@ -100,8 +100,9 @@ def test_gpt2_both_options_exact_and_saved(tmp_path):
     assert loaded.get_config()["chunked_loss"] is True
     assert loaded.get_config()["attention"] == "chunked"
     assert loaded.long_sequences.head_candidates == report.head_candidates
-    for m in (model, loaded):
+    for m in (model, loaded):  # the sizes are the session's, not saved
         m.long_sequences.chunk_elements = V * 5
+        m.long_sequences.block_elements = 2 * 2 * T * 5
     _, after = _update(model, x, y, sw)
     _, after_loaded = _update(loaded, x, y, sw)
     assert _diff(after, after_loaded) == 0.0
