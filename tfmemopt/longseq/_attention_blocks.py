@@ -112,6 +112,23 @@ def causal_mask(q_idx, k_idx, window=None):
     return seen[None, None]
 
 
+def rows_seen(keys, t_len, window=None):
+    """`[..., T]`: whether query `i` sees a key under the causal mask (and
+    `window`: keys `i - window < j <= i`) and the key mask `keys`
+    `[..., S]`: counted by a cumulative sum over the keys, never a `(T, S)`
+    tensor."""
+    count = tf.cumsum(tf.cast(keys, tf.int32), axis=-1)
+    last = tf.shape(count)[-1] - 1
+    i = tf.range(t_len)
+    upto = tf.gather(count, tf.minimum(i, last), axis=-1)  # keys <= i
+    if window is not None:
+        before = tf.gather(
+            count, tf.clip_by_value(i - window, 0, last), axis=-1
+        )
+        upto = upto - tf.where(i - window >= 0, before, 0)
+    return upto > 0
+
+
 def block_scores(q_blk, k_blk, block_mask, scale, soft_cap=None, groups=1):
     s = qk(q_blk, k_blk, groups)
     s = tf.cast(s, tf.float32) * scale

@@ -14,6 +14,7 @@ from tfmemopt.longseq._attention_blocks import pk
 from tfmemopt.longseq._attention_blocks import pq
 from tfmemopt.longseq._attention_blocks import pv
 from tfmemopt.longseq._attention_blocks import qk
+from tfmemopt.longseq._attention_blocks import rows_seen
 from tfmemopt.longseq._attention_blocks import through_soft_cap
 
 
@@ -73,7 +74,10 @@ def attend_xla(
         # mask); the first block where one does not.
         whole = tf.ones(tf.stack([q_blocks]), tf.bool)
         if skip and mask is not None:
-            seen = _rows_seen(mask, t_len, window)
+            # every batch row and head ([B, 1 or N, 1, S] over keys only)
+            seen = tf.reduce_all(
+                rows_seen(mask[:, :, 0, :], t_len, window), axis=[0, 1]
+            )
             seen = _pad_axis(seen, 0, t_pad - t_len, True)
             whole = tf.reduce_all(
                 tf.reshape(seen, tf.stack([q_blocks, rows])), 1
@@ -250,23 +254,6 @@ def _block_mask_xla(mask, is_causal, q0, rows, k0, cols, window=None):
         causal = causal_mask(q0 + tf.range(rows), k0 + tf.range(cols), window)
         block = causal if block is None else tf.logical_and(block, causal)
     return block
-
-
-def _rows_seen(mask, t_len, window):
-    """`[T]`: whether query `i` sees a key in every batch row and head,
-    under the causal mask (and `window`: keys `i - window < j <= i`) and
-    `mask` over keys only, `[B, 1 or N, 1, S]`: counted by a cumulative sum
-    over the keys, never a `(T, S)` tensor."""
-    count = tf.cumsum(tf.cast(mask[:, :, 0, :], tf.int32), axis=-1)
-    last = tf.shape(count)[-1] - 1
-    i = tf.range(t_len)
-    upto = tf.gather(count, tf.minimum(i, last), axis=-1)  # keys <= i
-    if window is not None:
-        before = tf.gather(
-            count, tf.clip_by_value(i - window, 0, last), axis=-1
-        )
-        upto = upto - tf.where(i - window >= 0, before, 0)
-    return tf.reduce_all(upto > 0, axis=[0, 1])
 
 
 def _cut(x, axis: int, start, size):

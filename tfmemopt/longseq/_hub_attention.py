@@ -59,6 +59,7 @@ import keras
 import tensorflow as tf
 
 from tfmemopt.longseq._attention import dot_product_attention
+from tfmemopt.longseq._attention_blocks import rows_seen
 from tfmemopt.longseq._head import replace_on_instance
 
 # keras-hub's attention classes taken over, with what the replacement reads
@@ -307,7 +308,7 @@ def _attend(
     if attention_mask is not None and attention_mask.dtype == STAND_IN_DTYPE:
         keys = tf.cast(attention_mask, tf.bool)  # [B, 1, S]
         mask, causal = keys[:, None], True
-        seen = _rows_that_see(keys[:, 0], window)
+        seen = rows_seen(keys[:, 0], tf.shape(keys)[-1], window)  # T = S
     else:
         mask, causal, window, seen = attention_mask, False, None, None
         if mask is not None:
@@ -331,17 +332,6 @@ def _attend(
     if seen is None or not _softmax_zeroes_masked_rows():
         return out
     return tf.where(seen[:, :, None, None], out, tf.zeros_like(out))
-
-
-def _rows_that_see(keys, window):
-    """`[B, T]`: whether query `i` sees a token, under the causal mask (and
-    the window) and the key padding `keys` `[B, S]` (S = T, no cache): a
-    token among keys `(i - window, i]`, counted by a cumulative sum."""
-    count = tf.cumsum(tf.cast(keys, tf.int32), axis=1)
-    if window is None:
-        return count > 0
-    before = tf.pad(count, [[0, 0], [window, 0]])[:, : tf.shape(count)[1]]
-    return count - before > 0
 
 
 @functools.cache
