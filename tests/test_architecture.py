@@ -129,3 +129,58 @@ def test_nothing_reads_the_call_stack():
         if reader in path.read_text()
     ]
     assert not found, found
+
+
+def _private_imports_across_packages(root: pathlib.Path) -> list:
+    """`file:line` of each import in a subpackage of tfmemopt of another
+    subpackage's private module or private name (#50). The top-level
+    private modules (`tfmemopt._compat`, `_utils`, ...) are the shared
+    layer every package builds on; `tfmemopt/__init__.py` is the facade."""
+    import ast
+
+    found = []
+    for path in sorted((root / "tfmemopt").rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        if len(parts) < 3:  # a top-level module
+            continue
+        package = parts[1]
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ImportFrom) or not node.module:
+                continue
+            target = node.module.split(".")
+            if target[0] != "tfmemopt" or len(target) < 2:
+                continue
+            if target[1].startswith("_") or target[1] == package:
+                continue
+            for alias in node.names:
+                names = target[2:] + [alias.name]
+                if any(n.startswith("_") for n in names):
+                    where = path.relative_to(root)
+                    found.append(
+                        f"{where}:{node.lineno}: from {node.module} "
+                        f"import {alias.name}"
+                    )
+    return found
+
+
+def test_no_package_imports_another_packages_private_names():
+    # What another package needs is imported in its __init__ (not in
+    # __all__): its private modules stay free to change.
+    assert _private_imports_across_packages(pathlib.Path(ROOT)) == []
+
+
+def test_the_private_import_check_finds_one(tmp_path):
+    bad = tmp_path / "tfmemopt" / "tuning" / "_x.py"
+    bad.parent.mkdir(parents=True)
+    bad.write_text(
+        "from tfmemopt.longseq._head import head_of\n"
+        "from tfmemopt.longseq import _takeover\n"
+        "from tfmemopt.longseq import head_of\n"
+        "from tfmemopt._compat import sublayers\n"
+        "from tfmemopt.tuning._planner import plan\n"
+    )
+    assert _private_imports_across_packages(tmp_path) == [
+        "tfmemopt/tuning/_x.py:1: from tfmemopt.longseq._head import head_of",
+        "tfmemopt/tuning/_x.py:2: from tfmemopt.longseq import _takeover",
+    ]

@@ -350,11 +350,10 @@ def test_mixed_bfloat16_is_not_planned_where_the_cpu_emulates_it(
     from tfmemopt.tuning import _planner
 
     monkeypatch.setattr(_planner, "cpu_has_native_bfloat16", lambda: native)
-    mp = _planner.mixed_precision
-    cpu = mp.detect_hardware().__class__(
+    cpu = _planner.detect_hardware().__class__(
         kind="cpu", name="CPU", compute_capability=None, count=1, note=""
     )
-    monkeypatch.setattr(mp, "detect_hardware", lambda: cpu)
+    monkeypatch.setattr(_planner, "detect_hardware", lambda: cpu)
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     policies, _ = _planner._policies(model, ("mixed_precision",))
     want = ["float32"] if native is False else ["float32", "mixed_bfloat16"]

@@ -7,7 +7,11 @@ across steps instead, for a model that must stay a plain `keras.Model`.
 See docs/accumulating_optimizer.md and docs/architecture.md.
 """
 
+# Names imported here but not listed in __all__ are for tfmemopt's other
+# packages, which import from a package, never from its private modules
+# (tests/test_architecture.py); they are not public API.
 from tfmemopt.accumulation._accumulating_optimizer import AccumulatingOptimizer
+from tfmemopt.accumulation._fit_hooks import add_fit_hook as add_fit_hook
 from tfmemopt.accumulation._micro_batching import MicroBatchPlan
 from tfmemopt.accumulation._micro_batching import plan_micro_batches
 from tfmemopt.accumulation._model import Model

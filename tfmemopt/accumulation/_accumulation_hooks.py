@@ -25,8 +25,8 @@ import tensorflow as tf
 
 from tfmemopt._compat import in_xla_function
 from tfmemopt._utils import check_int
-from tfmemopt.distribute._gradients import count_non_finite
-from tfmemopt.distribute._keras_fixes import refuse_jit_replicas
+from tfmemopt.distribute import count_non_finite
+from tfmemopt.distribute import refuse_jit_replicas
 
 _ORIGINAL = "_tfmemopt_original_non_finite_handler"
 

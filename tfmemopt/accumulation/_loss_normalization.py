@@ -25,7 +25,7 @@ import keras
 import tensorflow as tf
 from keras import ops
 
-from tfmemopt.longseq._head import head_of
+from tfmemopt.longseq import head_of
 
 _MEAN_REDUCTIONS = ("sum_over_batch_size", "mean", "mean_with_sample_weight")
 

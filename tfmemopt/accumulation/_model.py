@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import keras
 
+from tfmemopt import longseq
 from tfmemopt._compat import functional_class
 from tfmemopt._utils import check_int
 from tfmemopt._utils import keyword_options
@@ -25,8 +26,7 @@ from tfmemopt.accumulation._micro_batching import plan_micro_batches
 from tfmemopt.accumulation._micro_batching import static_batch_size
 from tfmemopt.accumulation._model_compile import loss_scaled
 from tfmemopt.accumulation._model_compile import refuse_keras_accumulation
-from tfmemopt.distribute import _hooks as _dist
-from tfmemopt.longseq import _takeover as longseq
+from tfmemopt.distribute import step_hooks as _dist
 
 _CONFIG_KEYS = (
     "accumulation_steps",

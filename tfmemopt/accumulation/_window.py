@@ -23,9 +23,9 @@ from tfmemopt import _compat
 from tfmemopt.accumulation import _loss_normalization as ln
 from tfmemopt.accumulation._micro_batching import slice_batch
 from tfmemopt.accumulation._window_accumulators import WindowAccumulators
-from tfmemopt.distribute import _hooks as _dist
-from tfmemopt.distribute._gather_order import gathers_after
-from tfmemopt.longseq._head import training_forward
+from tfmemopt.distribute import gathers_after
+from tfmemopt.distribute import step_hooks as _dist
+from tfmemopt.longseq import training_forward
 
 
 def _call(model, x):

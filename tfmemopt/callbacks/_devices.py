@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tfmemopt import memory
-from tfmemopt.memory._device import _canonical
+from tfmemopt.memory import canonical_device
 
 _KINDS = ("CPU", "GPU", "TPU")
 
@@ -16,7 +16,7 @@ def check_device_name(device) -> str:
             "names such as ['GPU:0', 'GPU:1']. Received an entry "
             f"{device!r} (of type {type(device).__name__})."
         )
-    name = _canonical(device)
+    name = canonical_device(device)
     kind, _, index = name.partition(":")
     if kind not in _KINDS or not index.isdigit():
         raise ValueError(

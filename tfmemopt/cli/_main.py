@@ -262,13 +262,14 @@ def doctor_report() -> dict:
     if gpus and not memory.nvml_available():
         report["missing"]["nvidia-ml-py"] = _INSTALL["nvidia-ml-py"]
     try:
-        from tfmemopt.precision import _mixed_precision as mixed_precision
+        from tfmemopt.precision import choose_policy
+        from tfmemopt.precision import detect_hardware
     except ImportError:
         report["auto_policy"] = None
     else:
         try:
-            hardware = mixed_precision.detect_hardware()
-            policy, why = mixed_precision.choose_policy(hardware)
+            hardware = detect_hardware()
+            policy, why = choose_policy(hardware)
             report["auto_policy"] = {"policy": policy, "why": why}
         except Exception as e:  # doctor reports, it never crashes
             report["auto_policy"] = {"policy": None, "why": repr(e)}
@@ -283,7 +284,7 @@ def doctor_report() -> dict:
 def _sharding(devices) -> dict | None:
     """With several accelerators: the estimator's bytes per parameter
     with and without `ShardedOptimizer` (Adam), else `None`."""
-    from tfmemopt.tuning._state_options import sharding_per_parameter
+    from tfmemopt.tuning import sharding_per_parameter
 
     count = sum(1 for d in devices if not d["device"].startswith("CPU"))
     if count < 2:
@@ -344,7 +345,7 @@ def _doctor_text(report: dict) -> str:
         regime = REGIME_TEXT.get(report["regime"], "unknown (not compiled)")
         lines.append(f"{report['model']}'s step runs under: {regime}")
     if report.get("sharding"):
-        from tfmemopt.tuning._state_options import sharding_lines
+        from tfmemopt.tuning import sharding_lines
 
         lines.extend(sharding_lines(report["sharding"]))
     if "precision" in report:

@@ -42,7 +42,7 @@ def _synthetic_data(model, n: int = 64, input_shape=None, sequence_length=None):
     import numpy as np
     import tensorflow as tf
 
-    from tfmemopt.estimate._input_specs import input_specs
+    from tfmemopt.estimate import input_specs
 
     rng = np.random.default_rng(0)
     specs = input_specs(model, n, input_shape, sequence_length)
@@ -151,7 +151,7 @@ def _find(args) -> int:
         return loaded
     sizes, model = loaded
     from tfmemopt._utils import check_int
-    from tfmemopt.tuning._batch_size import find_batch_size
+    from tfmemopt.tuning import find_batch_size
 
     try:
         if args.target is not None:  # before the search, not after it
@@ -263,8 +263,8 @@ def _plan(args) -> int:
     if isinstance(loaded, int):
         return loaded
     sizes, model = loaded
-    from tfmemopt.tuning._planner import MARGIN
-    from tfmemopt.tuning._planner import plan
+    from tfmemopt.tuning import MARGIN
+    from tfmemopt.tuning import plan
 
     try:
         result = plan(

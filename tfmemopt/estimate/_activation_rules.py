@@ -13,8 +13,12 @@ import math
 import warnings
 
 from tfmemopt._compat import sublayers
-from tfmemopt.checkpointing import _policies as policies
-from tfmemopt.checkpointing._apply import connected_segments
+from tfmemopt.checkpointing import auto_segments
+from tfmemopt.checkpointing import connected_segments
+from tfmemopt.checkpointing import dominant_submodel
+from tfmemopt.checkpointing import held_blocks_and_holder
+from tfmemopt.checkpointing import select_layers
+from tfmemopt.checkpointing import top_level
 
 # Fallback where a recurrent layer's loop cannot be sized from the graph
 # (`_while_loops` sizes Keras's generic loop itself). Per time step and
@@ -48,12 +52,12 @@ def _library_segments(model, segments):
     prefix = ()
     blocks = []
     try:
-        inner = policies.dominant_submodel(model)
+        inner = dominant_submodel(model)
         if inner is not None:  # the library segments the backbone
             prefix, model = (inner.name,), inner
         # A layer holding its blocks in a list (keras-hub's `ViTEncoder`):
         # the library recomputes each block on its own.
-        holder, held = policies.held_blocks_and_holder(model)
+        holder, held = held_blocks_and_holder(model)
         if held:
             depth = len(prefix) + 2
             if depth not in segments:
@@ -62,12 +66,12 @@ def _library_segments(model, segments):
             segs = [[prefix + (holder.name, b.name)] for b in held]
             segs = [s for s in segs if s[0] in known]
             return (segs, depth) if segs else None
-        ranges = policies.auto_segments(model)
-        ops = policies.top_level(model)
+        ranges = auto_segments(model)
+        ops = top_level(model)
         if ranges:
             ranges = connected_segments(model, ranges)
             if ranges is None:  # "auto" falls back to "blocks"
-                blocks = policies.select_layers(model, "blocks")
+                blocks = select_layers(model, "blocks")
     except (AttributeError, TypeError, ValueError):
         return None
     depth = len(prefix) + 1

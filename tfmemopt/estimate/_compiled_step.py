@@ -39,7 +39,7 @@ from tfmemopt.estimate._input_specs import input_specs
 from tfmemopt.estimate._settings import counted
 from tfmemopt.estimate._step_trace import _nbytes
 from tfmemopt.longseq import disable_long_sequences
-from tfmemopt.precision._policy_clone import rebuilt_under
+from tfmemopt.precision import rebuilt_under
 
 
 class NotCompiled(Exception):

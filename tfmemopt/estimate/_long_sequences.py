@@ -26,12 +26,12 @@ import keras
 from tfmemopt._compat import sublayers
 from tfmemopt.accumulation import Model
 from tfmemopt.estimate._kept import LOSS
+from tfmemopt.longseq import check_options
 from tfmemopt.longseq import disable_long_sequences
 from tfmemopt.longseq import enable_long_sequences
-from tfmemopt.longseq._head import _head_candidates
-from tfmemopt.longseq._hub_attention import is_hub_attention
-from tfmemopt.longseq._takeover import check_options
-from tfmemopt.longseq._takeover import report_of
+from tfmemopt.longseq import head_candidates
+from tfmemopt.longseq import is_hub_attention
+from tfmemopt.longseq import report_of
 
 
 def resolve(model, chunked_loss, attention) -> tuple[bool, str | None]:
@@ -115,7 +115,7 @@ def _heads(traced) -> set:
     activation, `keras.ops.tanh`); in a subclassed model (no outputs to
     follow), its last candidate in the order its layers were set."""
     try:
-        candidates = _head_candidates(traced)
+        candidates = head_candidates(traced)
     except (AttributeError, TypeError, ValueError):
         return set()
     names = {layer.name for layer in candidates}

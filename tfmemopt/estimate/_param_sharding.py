@@ -30,7 +30,7 @@ from typing import NamedTuple
 import keras
 
 from tfmemopt._compat import sublayers
-from tfmemopt.distribute._shard_layout import Layout
+from tfmemopt.distribute import Layout
 from tfmemopt.estimate._optimizer_state import _itemsize
 from tfmemopt.estimate._optimizer_state import optimizer_state_bytes
 from tfmemopt.estimate._update import _inner

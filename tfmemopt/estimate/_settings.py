@@ -12,7 +12,7 @@ import keras
 from tfmemopt._utils import check_int
 from tfmemopt.accumulation import Model
 from tfmemopt.distribute import ShardedOptimizer
-from tfmemopt.distribute._param_shard import check_optimizer
+from tfmemopt.distribute import check_optimizer
 from tfmemopt.estimate._optimizer_state import _itemsize
 from tfmemopt.estimate._optimizer_state import resolve_optimizer
 

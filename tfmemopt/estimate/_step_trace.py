@@ -20,9 +20,9 @@ from tfmemopt.estimate._input_specs import input_specs
 from tfmemopt.estimate._metric_updates import has_metrics
 from tfmemopt.estimate._metric_updates import metric_updates
 from tfmemopt.estimate._while_loops import while_loop_sizes
-from tfmemopt.longseq._head import head_of
-from tfmemopt.longseq._head import training_forward
-from tfmemopt.longseq._takeover import report_of
+from tfmemopt.longseq import head_of
+from tfmemopt.longseq import report_of
+from tfmemopt.longseq import training_forward
 
 _SUFFIX = re.compile(r"_\d+$")
 

@@ -24,7 +24,7 @@ from tfmemopt.estimate._settings import Settings
 from tfmemopt.estimate._settings import counted
 from tfmemopt.estimate._step_graph import trace_step
 from tfmemopt.estimate._update import decayed_early
-from tfmemopt.precision._policy_clone import rebuilt_under
+from tfmemopt.precision import rebuilt_under
 
 
 def trace_model(

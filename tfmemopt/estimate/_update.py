@@ -21,7 +21,8 @@ from tfmemopt._compat import uses_weight_decay
 from tfmemopt._utils import format_bytes
 from tfmemopt.estimate._allocator import chunk_overhead
 from tfmemopt.estimate._optimizer_state import _SLOTS
-from tfmemopt.optimizers import _common
+from tfmemopt.optimizers import StateOptimizer
+from tfmemopt.optimizers import masked_delta
 
 # Float32 values per element of a piece that XLA's compiled 8-bit update
 # keeps in its own temporary buffer (allocator trace, CPU: 1.502 MiB, no op
@@ -84,7 +85,7 @@ def weight_update(optimizer, elements: int, itemsize: int, shards=1):
       weight's size (Adafactor squares the gradient and the weight, for
       its RMS, at once: 4 + 4 MiB). A masked update that builds zeros of
       the delta's size (`tf.where(ok, delta, tf.zeros_like(delta))`, as
-      `_common.masked_delta` did until #23) leaves a constant Grappler
+      `masked_delta` did until #23) leaves a constant Grappler
       folded, allocated from the first step on (`adafactor/zeros_like`,
       never freed in the trace); read from the graph, counted if so.
     - Any other optimizer (probed for its state): nothing known, nothing
@@ -118,8 +119,9 @@ def weight_update(optimizer, elements: int, itemsize: int, shards=1):
 
 
 def _low_precision_write(inner, part, itemsize) -> list:
-    """The compiled write of a 16-bit weight (`_common._write_weight`): the
-    new weight, and with "kahan" the new compensation (two outputs)."""
+    """The compiled write of a 16-bit weight
+    (`StateOptimizer._write_weight`): the new weight, and with "kahan" the
+    new compensation (two outputs)."""
     if itemsize >= 4:
         return []
     kahan = getattr(inner, "bf16_update", None) == "kahan"
@@ -128,14 +130,14 @@ def _low_precision_write(inner, part, itemsize) -> list:
 
 @functools.lru_cache(maxsize=None)
 def _masked_update_keeps_zeros() -> bool:
-    """Whether tfmemopt's masked update (`_common.masked_delta`) makes zeros
+    """Whether tfmemopt's masked update (`masked_delta`) makes zeros
     of the delta's size, which Grappler folds into a constant that stays
     allocated: read from the graph it builds, so the estimate follows a
     change to it."""
     graph = tf.Graph()
     with graph.as_default():
         delta = tf.compat.v1.placeholder(tf.float32, [3, 5])
-        _common.masked_delta(tf.constant(True), delta, tf.float32)
+        masked_delta(tf.constant(True), delta, tf.float32)
     for op in graph.get_operations():
         if op.type in ("ZerosLike", "Fill", "Const") and op.outputs:
             if op.outputs[0].shape.as_list() == [3, 5]:
@@ -177,7 +179,7 @@ def update_temporaries(
     Keras's element-wise optimizers: the temporaries of the largest
     weight's update (`consumers` says when each gradient is freed).
     tfmemopt's optimizers update one weight after the other in the
-    optimizer's order (`_common.UpdateChain`), starting when the first
+    optimizer's order (`UpdateChain`), starting when the first
     weight's gradient is made, the last of the backward pass: each
     weight's gradient is freed after its update (allocator trace of the
     MLP: the 512x1024 kernel's 2 MiB gradient was freed before the
@@ -244,7 +246,7 @@ def decayed_early(
         return None
     if getattr(optimizer, "weight_decay", None) is None:
         return None
-    own = isinstance(optimizer, _common.StateOptimizer)
+    own = isinstance(optimizer, StateOptimizer)
     if _slots(optimizer) is None and not own:
         return None  # probed for its state: its decay is not known
 

@@ -90,7 +90,7 @@ def _why_not_head(layer) -> str | None:
     return None
 
 
-def _head_candidates(model) -> list:
+def head_candidates(model) -> list:
     return [
         layer
         for layer in sublayers(model)

@@ -30,9 +30,9 @@ from tfmemopt._utils import check_int
 from tfmemopt.longseq._attention import DEFAULT_BLOCK_ELEMENTS
 from tfmemopt.longseq._attention import dot_product_attention
 from tfmemopt.longseq._head import _STATE
-from tfmemopt.longseq._head import _head_candidates
 from tfmemopt.longseq._head import _patch_head
 from tfmemopt.longseq._head import _path
+from tfmemopt.longseq._head import head_candidates
 from tfmemopt.longseq._head import replace_on_instance
 from tfmemopt.longseq._head import restore_instances
 from tfmemopt.longseq._hub_attention import FAMILIES
@@ -237,7 +237,7 @@ def enable_long_sequences(
     )
     state = _State(report)
     if chunked_loss:
-        heads = _head_candidates(model)
+        heads = head_candidates(model)
         if not heads:
             raise ValueError(
                 f"chunked_loss=True found no linear head in {model.name!r} "

@@ -3,8 +3,12 @@
 Only this subpackage reads allocator statistics; everything else asks it.
 """
 
+# Names imported here but not listed in __all__ are for tfmemopt's other
+# packages, which import from a package, never from its private modules
+# (tests/test_architecture.py); they are not public API.
 from tfmemopt.memory._device import MIB
 from tfmemopt.memory._device import MemoryStatsUnavailable
+from tfmemopt.memory._device import canonical_device as canonical_device
 from tfmemopt.memory._device import device_memory
 from tfmemopt.memory._device import host_rss_bytes
 from tfmemopt.memory._device import local_devices

@@ -21,7 +21,7 @@ class MemoryStatsUnavailable(RuntimeError):
     """The device's allocator keeps no statistics."""
 
 
-def _canonical(device: str) -> str:
+def canonical_device(device: str) -> str:
     """`"/device:GPU:0"`, `"/job:.../device:GPU:0"`, `"gpu:0"` -> `"GPU:0"`."""
     if not isinstance(device, str) or not device:
         raise TypeError(
@@ -40,7 +40,7 @@ def local_devices() -> list[str]:
     names = []
     for kind in ("TPU", "GPU", "CPU"):
         for dev in tf.config.list_logical_devices(kind):
-            names.append(_canonical(dev.name))
+            names.append(canonical_device(dev.name))
     return names
 
 
@@ -55,7 +55,7 @@ def device_memory(device: str = "CPU:0") -> dict[str, int]:
             (on CPU: oneDNN is off; set `TF_ENABLE_ONEDNN_OPTS=1` before
             TensorFlow is imported).
     """
-    name = _canonical(device)
+    name = canonical_device(device)
     try:
         info = tf.config.experimental.get_memory_info(name)
     except (ValueError, tf.errors.OpError) as e:
@@ -85,7 +85,7 @@ def stats_available(device: str = "CPU:0") -> bool:
 def reset_peak(device: str = "CPU:0") -> bool:
     """Resets the peak of `device` to its current usage; False if impossible."""
     try:
-        tf.config.experimental.reset_memory_stats(_canonical(device))
+        tf.config.experimental.reset_memory_stats(canonical_device(device))
     except (ValueError, tf.errors.OpError):
         return False
     return True
@@ -136,7 +136,7 @@ def measure_peak(
     that `fn` needed at its worst moment, not what was held before it.
     """
     # Touch the device so that its allocator exists before the baseline.
-    with tf.device(_canonical(device)):
+    with tf.device(canonical_device(device)):
         tf.constant(0.0) + 1.0
     base = device_memory(device)["current"]
     reset_peak(device)

@@ -23,7 +23,7 @@ import threading
 
 import tensorflow as tf
 
-from tfmemopt.memory._device import _canonical
+from tfmemopt.memory._device import canonical_device
 
 _LOCK = threading.Lock()
 _STATE: dict = {}
@@ -88,7 +88,7 @@ def nvml_memory(device: str) -> dict[str, int] | None:
     Example:
         >>> nvml_memory("GPU:0")  # None on a machine without NVIDIA GPUs
     """
-    name = _canonical(device)
+    name = canonical_device(device)
     kind, _, index = name.partition(":")
     if kind != "GPU":
         return None

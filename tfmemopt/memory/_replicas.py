@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tfmemopt.memory._device import _canonical
+from tfmemopt.memory._device import canonical_device
 
 
 def replica_devices(strategy: tf.distribute.Strategy | None = None) -> list:
@@ -34,7 +34,7 @@ def replica_devices(strategy: tf.distribute.Strategy | None = None) -> list:
         return []
     names = []
     for device in devices:
-        name = _canonical(device)
+        name = canonical_device(device)
         if name not in names:
             names.append(name)
     return names

@@ -10,6 +10,12 @@ See docs/optimizers.md for the bytes per parameter, the quantisation error
 and measured convergence.
 """
 
+# Names imported here but not listed in __all__ are for tfmemopt's other
+# packages, which import from a package, never from its private modules
+# (tests/test_architecture.py); they are not public API.
+from tfmemopt.optimizers._common import StateOptimizer as StateOptimizer
+from tfmemopt.optimizers._common import UpdateChain as UpdateChain
+from tfmemopt.optimizers._common import masked_delta as masked_delta
 from tfmemopt.optimizers.adafactor import Adafactor
 from tfmemopt.optimizers.adam8bit import Adam8bit
 from tfmemopt.optimizers.adam8bit import AdamW8bit

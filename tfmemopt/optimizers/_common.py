@@ -11,7 +11,7 @@ import keras
 import tensorflow as tf
 
 from tfmemopt import _compat
-from tfmemopt.distribute._gradients import count_non_finite
+from tfmemopt.distribute import count_non_finite
 from tfmemopt.optimizers import _low_precision as lp
 from tfmemopt.optimizers._checks import check_float_variable
 from tfmemopt.optimizers._checks import check_nonnegative_int

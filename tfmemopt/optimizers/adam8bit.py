@@ -7,7 +7,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfmemopt import _compat
-from tfmemopt.distribute._shard_layout import StateCut
+from tfmemopt.distribute import StateCut
 from tfmemopt.optimizers import _checks
 from tfmemopt.optimizers import _common
 from tfmemopt.optimizers import _quantization as q

@@ -10,6 +10,9 @@ runs in the wrong precision or at a tensor-unfriendly size.
 here too.
 """
 
+# Names imported here but not listed in __all__ are for tfmemopt's other
+# packages, which import from a package, never from its private modules
+# (tests/test_architecture.py); they are not public API.
 from tfmemopt.precision._advice import check_alignment
 from tfmemopt.precision._advice import check_precision
 from tfmemopt.precision._findings import Finding
@@ -21,6 +24,11 @@ from tfmemopt.precision._mixed_precision import PrecisionConfig
 from tfmemopt.precision._mixed_precision import choose_policy
 from tfmemopt.precision._mixed_precision import configure
 from tfmemopt.precision._mixed_precision import detect_hardware
+from tfmemopt.precision._policy_clone import rebuilt_under as rebuilt_under
+from tfmemopt.precision._policy_clone import swap_policy as swap_policy
+from tfmemopt.precision._weights_16bit import (
+    low_precision_update_findings as low_precision_update_findings,
+)
 
 __all__ = [
     "POLICIES",

@@ -25,9 +25,9 @@ from tfmemopt._utils import check_int
 from tfmemopt._utils import format_mib as _mib
 from tfmemopt._utils import keyword_options
 from tfmemopt._utils import step_regime
-from tfmemopt.accumulation._fit_hooks import add_fit_hook
+from tfmemopt.accumulation import add_fit_hook
 from tfmemopt.estimate import estimate_memory
-from tfmemopt.precision._weights_16bit import low_precision_update_findings
+from tfmemopt.precision import low_precision_update_findings
 from tfmemopt.tuning._errors import first_line
 from tfmemopt.tuning._errors import is_oom
 from tfmemopt.tuning._planner import plan

@@ -8,7 +8,7 @@ import warnings
 import keras
 
 from tfmemopt._compat import compiled_metric_names
-from tfmemopt.precision._policy_clone import swap_policy
+from tfmemopt.precision import swap_policy
 
 
 def _policy_name(model) -> str:
@@ -53,7 +53,7 @@ def rebuild(model: keras.Model, policy: str) -> keras.Model:
 
 def apply_plan(plan, model: keras.Model, copy: bool = False) -> keras.Model:
     """See `Plan.apply`; `copy=True` never touches `model` (for verify)."""
-    from tfmemopt.accumulation._model import Model
+    from tfmemopt.accumulation import Model
 
     if not isinstance(model, keras.Model) or not model.built:
         raise ValueError(

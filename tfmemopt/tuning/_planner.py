@@ -21,8 +21,9 @@ from tfmemopt._utils import cpu_has_native_bfloat16
 from tfmemopt._utils import format_mib as _mib
 from tfmemopt._utils import keyword_options
 from tfmemopt.estimate import estimate_memory
-from tfmemopt.estimate._optimizer_state import resolve_optimizer
-from tfmemopt.precision import _mixed_precision as mixed_precision
+from tfmemopt.estimate import resolve_optimizer
+from tfmemopt.precision import choose_policy
+from tfmemopt.precision import detect_hardware
 from tfmemopt.tuning import _search
 from tfmemopt.tuning import _state_options as state_options
 from tfmemopt.tuning._plan import Plan
@@ -103,8 +104,8 @@ def _policies(model, allow) -> tuple[list[str], bool]:
     if "mixed_precision" not in allow or base.startswith("mixed"):
         return [base], False
     try:
-        hardware = mixed_precision.detect_hardware()
-        suited, _ = mixed_precision.choose_policy(hardware)
+        hardware = detect_hardware()
+        suited, _ = choose_policy(hardware)
     except Exception:  # noqa: BLE001 - planning must not depend on probing
         hardware, suited = None, "float32"
     if suited.startswith("mixed"):

@@ -19,7 +19,7 @@ import keras
 
 from tfmemopt._utils import format_bytes
 from tfmemopt.distribute import ShardedOptimizer
-from tfmemopt.estimate._optimizer_state import optimizer_state_bytes
+from tfmemopt.estimate import optimizer_state_bytes
 
 BF16 = "bfloat16"
 SHARDING = "sharding"
