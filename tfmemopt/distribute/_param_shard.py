@@ -29,6 +29,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfmemopt import _compat
+from tfmemopt._protocols import shard_alignment
 from tfmemopt.distribute._gather_order import ordered
 from tfmemopt.distribute._gradients import clip
 from tfmemopt.distribute._gradients import clipping_of
@@ -319,7 +320,6 @@ def shard_model(model, optimizer) -> ShardSet | None:
         build_whole_state(optimizer, inner, existing)
         return existing
     originals = _unique(model.trainable_weights)
-    align_of = getattr(inner, "shard_alignment", None)
     excluded = {
         id(w)
         for w in originals
@@ -331,7 +331,7 @@ def shard_model(model, optimizer) -> ShardSet | None:
     with strategy.scope():
         for w in originals:
             shape = tuple(int(d) for d in w.shape)
-            align = int(align_of(shape)) if align_of else 1
+            align = shard_alignment(inner, shape)
             layout = Layout(shape, replicas, align)
             whole = np.reshape(np.asarray(w.numpy()), [-1])
             with _path_scope(w.path):

@@ -10,12 +10,14 @@ replica keeps its part.
 
 from __future__ import annotations
 
-import warnings
 import weakref
 
 import numpy as np
 import tensorflow as tf
 
+from tfmemopt._protocols import CutsState
+from tfmemopt._protocols import load_state
+from tfmemopt._protocols import save_state
 from tfmemopt.distribute._shard_plan import _described_state
 from tfmemopt.distribute._shard_state import read_whole
 
@@ -49,7 +51,7 @@ def build_whole_state(optimizer, inner, shard_set) -> None:
         optimizer.build(shard_set.shards)
     finally:
         object.__delattr__(inner, "add_variable_from_reference")
-    if hasattr(inner, "shard_state"):
+    if isinstance(inner, CutsState):
         made.update(
             _described_state(inner, [w._value for w in shard_set.originals])
         )
@@ -121,30 +123,13 @@ class WholeState:
 
     def save(self, store):
         whole = self.whole_values()
-        to_store = getattr(self.optimizer, "state_to_store", None)
-        if to_store is not None:
-            to_store(store, whole)
-            return
-        for i, value in enumerate(whole):
-            store[str(i)] = value
+        save_state(self.optimizer, store, whole)
 
     def load(self, store):
         variables = self.optimizer.variables
-        from_store = getattr(self.optimizer, "state_from_store", None)
-        if from_store is not None:
-            whole = from_store(store)
-            if whole is None:
-                return
-        elif len(store.keys()) != len(variables):
-            warnings.warn(
-                f"Skipping the state of optimizer {self.optimizer.name!r}: "
-                f"it has {len(variables)} variables, the checkpoint has "
-                f"{len(store.keys())} (a different optimizer?).",
-                stacklevel=2,
-            )
+        whole = load_state(self.optimizer, store)
+        if whole is None:
             return
-        else:
-            whole = [store[str(i)] for i in range(len(variables))]
         for v, value in zip(variables, whole):
             if id(v) not in self.partitioned:
                 v.assign(value)

@@ -17,6 +17,7 @@ import keras
 import tensorflow as tf
 
 from tfmemopt import _compat
+from tfmemopt._protocols import FoldsWeightDecay
 from tfmemopt.distribute import _shard_state
 from tfmemopt.distribute._gradients import clip
 from tfmemopt.distribute._gradients import clipping_of
@@ -132,12 +133,12 @@ def _local_update(inner, plan, pairs, parts, current, lr, r):
         ParamView(ref, x, ref.layout.offsets[r])
         for ref, x in zip(plan.refs, current)
     ]
-    folds = getattr(inner, "folds_weight_decay", None)
+    folds = isinstance(inner, FoldsWeightDecay)
     if isinstance(inner, keras.optimizers.Nadam):
         _advance_nadam(inner)
     if inner.weight_decay is not None:
         for _, i in pairs:
-            if folds is not None and folds(views[i]):
+            if folds and inner.folds_weight_decay(views[i]):
                 continue  # decayed in float32 by its own update
             if _compat.uses_weight_decay(inner, plan.params[i]):
                 view = views[i]

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from tfmemopt._protocols import CutsState
+from tfmemopt._protocols import shard_alignment
 from tfmemopt.distribute._shard_layout import Layout
 from tfmemopt.distribute._shard_layout import ParamRef
 from tfmemopt.distribute._shard_layout import StateCut
@@ -39,11 +41,10 @@ def build_sharded(inner, params, replicas):
     # An inner optimizer whose state is not elementwise but blockwise
     # (tfmemopt's 8-bit Adam) says where a cut may fall (`shard_alignment`)
     # and, once built, how each state variable is cut (`shard_state`).
-    align = getattr(inner, "shard_alignment", None)
     refs = [
         ParamRef(
             v,
-            Layout(v.shape, replicas, align(tuple(v.shape)) if align else 1),
+            Layout(v.shape, replicas, shard_alignment(inner, v.shape)),
             i,
             f"tfmemopt_shard_{i}",
         )
@@ -75,7 +76,7 @@ def build_sharded(inner, params, replicas):
             inner.build(refs)
     finally:
         object.__delattr__(inner, "add_variable_from_reference")
-    if hasattr(inner, "shard_state"):
+    if isinstance(inner, CutsState):
         made.update(_described_state(inner, refs))
     partitioned, replicated = [], []
     for v in inner.variables:

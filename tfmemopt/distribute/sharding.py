@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import warnings
-
 import keras
 import tensorflow as tf
 
 from tfmemopt import _compat
+from tfmemopt._protocols import load_state
+from tfmemopt._protocols import save_state
 from tfmemopt._utils import ForwardsToInner
 from tfmemopt.distribute import _shard_state
 from tfmemopt.distribute._shard_apply import sharded_apply
@@ -245,12 +245,7 @@ class ShardedOptimizer(ForwardsToInner, keras.optimizers.Optimizer):
         ]
         # tfmemopt's 8-bit optimizers also write their layout (block size),
         # so the whole state loads into them unsharded or re-encoded.
-        to_store = getattr(inner, "state_to_store", None)
-        if to_store is not None:
-            to_store(store, whole)
-            return
-        for i, value in enumerate(whole):
-            store[str(i)] = value
+        save_state(inner, store, whole)
 
     def load_own_variables(self, store):
         inner = self.inner_optimizer
@@ -258,23 +253,11 @@ class ShardedOptimizer(ForwardsToInner, keras.optimizers.Optimizer):
             type(inner).load_own_variables(inner, store)
             return
         variables = inner.variables
-        from_store = getattr(inner, "state_from_store", None)
-        if from_store is not None:
-            # Whole arrays in the inner optimizer's unsharded layout
-            # (re-encoded if its block size differs), or None: skipped.
-            whole = from_store(store)
-            if whole is None:
-                return
-        elif len(store.keys()) != len(variables):
-            warnings.warn(
-                f"Skipping the state of optimizer {self.name!r}: it has "
-                f"{len(variables)} variables, the checkpoint has "
-                f"{len(store.keys())} (a different optimizer?).",
-                stacklevel=2,
-            )
+        # Whole arrays in the inner optimizer's unsharded layout (re-encoded
+        # if its block size differs), or None: skipped, with a warning.
+        whole = load_state(inner, store, name=self.name)
+        if whole is None:
             return
-        else:
-            whole = [store[str(i)] for i in range(len(variables))]
         plan = self._plan
         saved = {id(v): w for v, w in zip(variables, whole)}
         for v in variables:

@@ -13,6 +13,7 @@ import math
 
 import keras
 
+from tfmemopt._protocols import CountsStateBytes
 from tfmemopt.estimate._optimizer_names import optimizer_from_name
 
 # Slots (full copies of each variable) per optimizer class, as a function
@@ -130,7 +131,7 @@ def optimizer_state_bytes(optimizer, variables) -> tuple[int, str]:
     copies = 0
     if config.get("use_ema"):
         copies += 1
-        if hasattr(optimizer, "variable_state_bytes"):
+        if isinstance(optimizer, CountsStateBytes):
             # tfmemopt's optimizers keep float32 averages of 16-bit weights.
             extra += sum(
                 math.prod(s) * max(4, _itemsize(d)) for s, d in variables
@@ -140,7 +141,7 @@ def optimizer_state_bytes(optimizer, variables) -> tuple[int, str]:
     if config.get("gradient_accumulation_steps"):
         copies += 1
         extra += weight_bytes
-    if hasattr(optimizer, "variable_state_bytes"):
+    if isinstance(optimizer, CountsStateBytes):
         # tfmemopt.optimizers (8-bit, factored): their own exact count.
         body = sum(optimizer.variable_state_bytes(s, d) for s, d in variables)
         count = max(1, sum(math.prod(s) for s, _ in variables))

@@ -30,6 +30,7 @@ from typing import NamedTuple
 import keras
 
 from tfmemopt._compat import sublayers
+from tfmemopt._protocols import shard_alignment
 from tfmemopt.distribute import Layout
 from tfmemopt.estimate._optimizer_state import _itemsize
 from tfmemopt.estimate._optimizer_state import optimizer_state_bytes
@@ -66,7 +67,6 @@ def sharded_state(model, s, counted) -> ShardedState:
     optimizer); `counted(n)`: the bytes counted for one allocation of `n`.
     """
     inner = _inner(s.optimizer)
-    align_of = getattr(inner, "shard_alignment", None)
     trainable = _unique(model.trainable_weights)
     ids = {id(v) for v in trainable}
     params = sum(
@@ -77,7 +77,7 @@ def sharded_state(model, s, counted) -> ShardedState:
     grads, sizes, shapes = 0, [], []
     for v in trainable:
         shape = tuple(int(d) for d in v.shape)
-        align = int(align_of(shape)) if align_of else 1
+        align = shard_alignment(inner, shape)
         part = Layout(shape, s.replicas, align).c
         sizes.append(part)
         nbytes = counted(part * _bytes_per(v, s))
@@ -107,11 +107,10 @@ def state_per_replica(inner, shapes, s):
     replica holds at most ceil(units / R). The cut is `Layout`, not
     computed again here.
     """
-    align = getattr(inner, "shard_alignment", lambda shape: 1)
     nbytes = 0
     for shape, dtype in shapes:
         whole, _ = optimizer_state_bytes(inner, [(shape, dtype)])
-        layout = Layout(shape, s.replicas, align(shape))
+        layout = Layout(shape, s.replicas, shard_alignment(inner, shape))
         if not layout.n:
             continue
         units = -(-layout.n // layout.align)

@@ -11,6 +11,8 @@ import keras
 import tensorflow as tf
 
 from tfmemopt import _compat
+from tfmemopt._protocols import OffsetInParameter
+from tfmemopt._protocols import PartOfParameter
 from tfmemopt.distribute import count_non_finite
 from tfmemopt.optimizers import _low_precision as lp
 from tfmemopt.optimizers._checks import check_float_variable
@@ -49,7 +51,9 @@ def whole_shape(variable) -> tuple:
     """The shape of the model variable behind `variable`: its own, or the
     whole parameter's for `tfmemopt.ShardedOptimizer`'s partition stand-ins
     (whose `shape` is the partition's)."""
-    return tuple(getattr(variable, "whole_shape", variable.shape))
+    if isinstance(variable, PartOfParameter):
+        return tuple(variable.whole_shape)
+    return tuple(variable.shape)
 
 
 def dedup_rows(grad: tf.IndexedSlices) -> tuple[tf.Tensor, tf.Tensor]:
@@ -423,7 +427,9 @@ class StateOptimizer(keras.optimizers.Optimizer):
         """Where `variable` starts in the whole parameter: 0, or a
         `ShardedOptimizer` partition's `element_offset`. The rounding bits
         are drawn per element of the whole parameter."""
-        return int(getattr(variable, "element_offset", 0))
+        if isinstance(variable, OffsetInParameter):
+            return int(variable.element_offset)
+        return 0
 
     def _element_ids(self, variable, shape):
         """Each element's index in the whole parameter."""
