@@ -138,7 +138,7 @@ def child(replicas: int) -> dict:
 def _held_gradient(opt, params, replicas):
     if not hasattr(opt, "stage"):
         return params * 4
-    rows = sum(p.layout.c for p in opt._plan.refs)
+    rows = sum(p.layout.part_size for p in opt._plan.refs)
     return rows * 4 if opt.stage == 2 else params * 4
 
 
@@ -147,7 +147,7 @@ def _gather_bytes(opt):
     # its size is the sum of the partitions.
     if not hasattr(opt, "stage"):
         return 0
-    return sum(p.layout.c for p in opt._plan.refs) * 4
+    return sum(p.layout.part_size for p in opt._plan.refs) * 4
 
 
 def _collectives(strategy, model, x, y, replicas, gather_bytes):

@@ -175,12 +175,12 @@ def test_the_private_import_check_finds_one(tmp_path):
     bad.parent.mkdir(parents=True)
     bad.write_text(
         "from tfmemopt.longseq._head import head_of\n"
-        "from tfmemopt.longseq import _takeover\n"
+        "from tfmemopt.longseq import _enable\n"
         "from tfmemopt.longseq import head_of\n"
         "from tfmemopt._compat import sublayers\n"
         "from tfmemopt.tuning._planner import plan\n"
     )
     assert _private_imports_across_packages(tmp_path) == [
         "tfmemopt/tuning/_x.py:1: from tfmemopt.longseq._head import head_of",
-        "tfmemopt/tuning/_x.py:2: from tfmemopt.longseq import _takeover",
+        "tfmemopt/tuning/_x.py:2: from tfmemopt.longseq import _enable",
     ]

@@ -105,7 +105,7 @@ _OTHER_PRIVATE = [
         "_inbound_nodes",
     ),
     (
-        "longseq/_takeover",
+        "longseq/_enable",
         keras.layers.MultiHeadAttention,
         "_compute_attention",
     ),

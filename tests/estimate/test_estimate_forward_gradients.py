@@ -11,9 +11,9 @@ from conftest import run_in_subprocess
 from keras import ops
 
 from tfmemopt.estimate import CPU_STATS_MIN_BYTES
-from tfmemopt.estimate._kept import _early_ops
-from tfmemopt.estimate._kept import gradient_seed
 from tfmemopt.estimate._kernels import folded_constants
+from tfmemopt.estimate._saved_activations import _early_ops
+from tfmemopt.estimate._saved_activations import gradient_seed
 from tfmemopt.estimate._step_graph import trace_step
 from tfmemopt.estimate._step_trace import _ops_that_run_in
 from tfmemopt.estimate._step_trace import _traced_step

@@ -39,7 +39,9 @@ def test_shards_gathers_and_refusals():
         est = tfmemopt.estimate_memory(
             model, 16, optimizer="adam", replicas=r, shard_parameters=True
         )
-        parts = sum(Layout(v.shape, r).c for v in model.trainable_weights)
+        parts = sum(
+            Layout(v.shape, r).part_size for v in model.trainable_weights
+        )
         assert parts > model.count_params() / r  # padded shards
         assert est.parameters == est.gradients == 4 * parts
         assert est.optimizer_state == 2 * 4 * parts  # Adam on the shards
@@ -66,7 +68,7 @@ def test_shards_gathers_and_refusals():
         model, 16, replicas=2, shard_parameters=True, accumulation_steps=2
     )
     one = tfmemopt.estimate_memory(model, 16, replicas=2, shard_parameters=True)
-    parts = sum(Layout(v.shape, 2).c for v in model.trainable_weights)
+    parts = sum(Layout(v.shape, 2).part_size for v in model.trainable_weights)
     assert acc.accumulation == 4 * parts and one.accumulation == 0
     # each micro-batch gathers again, after the one before it is summed
     for ckpt in (None, "blocks"):
@@ -103,7 +105,7 @@ def test_shards_gathers_and_refusals():
         accumulation_steps=2,
     )
     aligned = sum(
-        Layout(v.shape, 2, eight.shard_alignment(tuple(v.shape))).c
+        Layout(v.shape, 2, eight.shard_alignment(tuple(v.shape))).part_size
         for v in model.trainable_weights
     )
     assert aligned > parts  # the 61x130 kernel's blocks pad its shards

@@ -121,7 +121,9 @@ class ShardedValue:
             whole = _gather_bfloat16(ctx, part)
         else:
             whole = ctx.all_gather(part, axis=0)
-        blocks = tf.reshape(whole, [self.layout.replicas, self.layout.c])
+        blocks = tf.reshape(
+            whole, [self.layout.replicas, self.layout.part_size]
+        )
         return self.layout.assemble(blocks)
 
     def gathered(self):
@@ -337,7 +339,7 @@ def shard_model(model, optimizer) -> ShardSet | None:
             with _path_scope(w.path):
                 shard = keras.Variable(
                     initializer="zeros",
-                    shape=(layout.c,),
+                    shape=(layout.part_size,),
                     dtype=w.dtype,
                     trainable=True,
                     name=w.name,

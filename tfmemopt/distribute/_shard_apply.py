@@ -47,8 +47,8 @@ def _reduce(opt, ctx, r, flats, layouts):
         )
         start = 0
         for i in indices:
-            parts[i] = mine[start : start + layouts[i].c]
-            start += layouts[i].c
+            parts[i] = mine[start : start + layouts[i].part_size]
+            start += layouts[i].part_size
     return parts, None
 
 

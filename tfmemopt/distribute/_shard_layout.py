@@ -4,7 +4,8 @@ A variable of `n` elements is flattened and cut into R contiguous parts of
 `n // R` or `n // R + 1` elements (the first `n % R` replicas take one more),
 so the parts are balanced to within one element. Per-replica components of a
 distributed variable must share one shape, so every replica stores
-`c = ceil(n / R)` elements: a short part is padded with zeros at its end.
+`part_size = ceil(n / R)` elements: a short part is padded with zeros at
+its end.
 The padding costs at most `R - 1` elements per variable and slot, whatever
 the variable's size. A blockwise state (8-bit codes with one scale per block)
 asks for a cut in whole blocks (`align`): then the parts are balanced to
@@ -69,7 +70,7 @@ class Layout:
             max(0, min(cnt * self.align, self.n - s))
             for cnt, s in zip(counts, self.offsets)
         ]
-        self.c = max(self.sizes) if self.n else 0
+        self.part_size = max(self.sizes) if self.n else 0
 
     def with_shape(self, shape) -> Layout:
         """The same cut of a state of `n` elements whose whole value has
@@ -91,23 +92,25 @@ class Layout:
         return out
 
     def local(self, flat, replica: int):
-        """This replica's part of the flat `[n]` tensor, padded to `[c]`."""
+        """This replica's part of the flat `[n]` tensor, padded to
+        `[part_size]`."""
         start, size = self.offsets[replica], self.sizes[replica]
         part = flat[start : start + size]
-        if size < self.c:
-            part = tf.pad(part, [[0, self.c - size]])
+        if size < self.part_size:
+            part = tf.pad(part, [[0, self.part_size - size]])
         return part
 
     def local_numpy(self, flat, replica: int):
         import numpy as np
 
         start, size = self.offsets[replica], self.sizes[replica]
-        out = np.zeros((self.c,), dtype=flat.dtype)
+        out = np.zeros((self.part_size,), dtype=flat.dtype)
         out[:size] = flat[start : start + size]
         return out
 
     def assemble(self, blocks):
-        """The whole variable from `[R, c]` gathered parts (tensor or numpy)."""
+        """The whole variable from `[R, part_size]` gathered parts (tensor
+        or numpy)."""
         pieces = [blocks[r, : self.sizes[r]] for r in range(self.replicas)]
         if isinstance(blocks, tf.Tensor):
             return tf.reshape(tf.concat(pieces, 0), self.shape)
@@ -125,7 +128,7 @@ class ParamRef:
         self.variable = variable
         self.layout = layout
         self.index = index
-        self.shape = (layout.c,)
+        self.shape = (layout.part_size,)
         # The parameter's own shape: a state that is not elementwise (8-bit
         # blocks) decides its layout from it.
         self.whole_shape = tuple(variable.shape)

@@ -111,11 +111,11 @@ def _described_state(inner, refs):
                 f"{var.path!r} has one entry per {per_entry} elements, but "
                 f"the cut of its variable is aligned to {layout.align}."
             )
-        if tuple(var.shape) != (cut.c,):
+        if tuple(var.shape) != (cut.part_size,):
             raise ValueError(
                 f"ShardedOptimizer cannot partition {type(inner).__name__}: "
                 f"its build made {var.path!r} of shape {tuple(var.shape)} "
-                f"for a partition that holds {cut.c} entries."
+                f"for a partition that holds {cut.part_size} entries."
             )
         out[id(var)] = (var, cut)
     return out

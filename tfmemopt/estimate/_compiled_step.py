@@ -111,7 +111,8 @@ def compiled_step(model, s, input_shape=None, sequence_length=None):
     step `fit` runs for `model` at the settings `s` (`buffer_sizes`), the
     seconds its trace and compile took, notes, and the bytes of the
     step's weights and optimizer state (`{"parameters": ..,
-    "optimizer_state": ..}`, each variable counted only above `s.floor`).
+    "optimizer_state": ..}`, each variable counted only from
+    `s.min_counted_bytes` up).
 
     Raises `NotCompiled` where the step cannot be compiled here as asked.
     """
@@ -211,7 +212,7 @@ def _compile(outer, traced, loss, s, input_shape, sequence_length, notes):
                 f"XLA could not compile the step ({type(e).__name__}: "
                 f"{str(e).splitlines()[0][:200]})"
             ) from e
-        sizes = buffer_sizes(serialized, s.floor)
+        sizes = buffer_sizes(serialized, s.min_counted_bytes)
 
         def nbytes(v):
             return counted(_nbytes(tf.TensorSpec(v.shape, v.dtype)), s)

@@ -10,8 +10,8 @@ from typing import NamedTuple
 import keras
 import tensorflow as tf
 
-from tfmemopt.estimate._kept import _ALIAS
-from tfmemopt.estimate._kept import _FREE
+from tfmemopt.estimate._saved_activations import _ALIAS
+from tfmemopt.estimate._saved_activations import _FREE
 from tfmemopt.estimate._update import _inner
 from tfmemopt.estimate._update import _slots
 

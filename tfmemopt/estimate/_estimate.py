@@ -300,7 +300,7 @@ def estimate_memory(
             f"{format_bytes(sum(step.folded))}, allocated once and kept, "
             "in `temporaries`"
         )
-    if s.floor and not s.shard_parameters:
+    if s.min_counted_bytes and not s.shard_parameters:
         temporaries += cpu_allocator(model, trainable, step, s, update, notes)
     if replicas > 1 and not s.shard_parameters:
         notes.append(
@@ -366,9 +366,10 @@ def _measurement_notes(s: Settings) -> list:
     allocations `min_counted_bytes` leaves out, and bfloat16 emulated on
     this CPU."""
     notes = []
-    if s.floor:
+    if s.min_counted_bytes:
         notes.append(
-            f"allocations below {format_bytes(s.floor)} not counted "
+            f"allocations below {format_bytes(s.min_counted_bytes)} not "
+            "counted "
             "(min_counted_bytes): the allocator statistics' view"
         )
     emulated = _emulated_bfloat16_note(s)
@@ -437,7 +438,7 @@ def _settings_of(s: Settings, batch_size) -> dict:
         "checkpointing": s.checkpointing,
         "replicas": s.replicas,
         "trainer": s.trainer,
-        "min_counted_bytes": s.floor,
+        "min_counted_bytes": s.min_counted_bytes,
         "shard_parameters": s.shard_parameters,
         "chunked_loss": s.chunked_loss,
         "attention": s.attention,

@@ -18,9 +18,9 @@ import os
 
 import tensorflow as tf
 
-from tfmemopt.estimate._kept import _ALIAS
-from tfmemopt.estimate._kept import _FREE
 from tfmemopt.estimate._op_orders import executor_order
+from tfmemopt.estimate._saved_activations import _ALIAS
+from tfmemopt.estimate._saved_activations import _FREE
 
 # Kernels the executor runs inline, never handed to the pool: those that
 # only hand a buffer on or read metadata (`OpKernel::IsExpensive` is false

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tfmemopt.estimate._kept import _ALIAS
-from tfmemopt.estimate._kept import _FREE
+from tfmemopt.estimate._saved_activations import _ALIAS
+from tfmemopt.estimate._saved_activations import _FREE
 from tfmemopt.estimate._step_trace import _layer_of
 from tfmemopt.estimate._step_trace import _nbytes
 from tfmemopt.estimate._step_trace import _ops_that_run

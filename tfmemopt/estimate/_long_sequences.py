@@ -25,7 +25,7 @@ import keras
 
 from tfmemopt._compat import sublayers
 from tfmemopt.accumulation import Model
-from tfmemopt.estimate._kept import LOSS
+from tfmemopt.estimate._saved_activations import LOSS
 from tfmemopt.longseq import check_options
 from tfmemopt.longseq import disable_long_sequences
 from tfmemopt.longseq import enable_long_sequences

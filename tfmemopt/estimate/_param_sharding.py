@@ -78,7 +78,7 @@ def sharded_state(model, s, counted) -> ShardedState:
     for v in trainable:
         shape = tuple(int(d) for d in v.shape)
         align = shard_alignment(inner, shape)
-        part = Layout(shape, s.replicas, align).c
+        part = Layout(shape, s.replicas, align).part_size
         sizes.append(part)
         nbytes = counted(part * _bytes_per(v, s))
         params += nbytes
@@ -114,7 +114,7 @@ def state_per_replica(inner, shapes, s):
         if not layout.n:
             continue
         units = -(-layout.n // layout.align)
-        held = -(-layout.c // layout.align)  # the largest part's units
+        held = -(-layout.part_size // layout.align)  # the largest part's units
         nbytes += -(-whole * held // units)  # ceil(whole * held / units)
     _, how = optimizer_state_bytes(inner, shapes)
     return nbytes, f"ShardedOptimizer({how}), 1/{s.replicas} of it per replica"

@@ -96,7 +96,7 @@ def resolve_settings(
     )
     if sequence_length is not None:
         check_int("sequence_length", sequence_length)
-    s.floor = check_floor(min_counted_bytes)
+    s.min_counted_bytes = check_floor(min_counted_bytes)
     s.shard_parameters = check_shard_parameters(shard_parameters, model, s)
     return s
 
@@ -146,7 +146,7 @@ class Settings:
     compute: int  # bytes per activation under the policy
     variable: int  # bytes per float weight under the policy
     replicas: int = 1
-    floor: int = 0  # allocations below this many bytes are not counted
+    min_counted_bytes: int = 0  # smaller allocations are not counted
     policy_in_place: bool = False  # traced with the policy set on its layers
     shard_parameters: bool = False  # weights sharded over the replicas
     chunked_loss: bool = False  # the loss from the head's input, in chunks
@@ -183,7 +183,7 @@ def check_floor(min_counted_bytes) -> int:
 
 def counted(nbytes: int, s: Settings) -> int:
     """`nbytes` as the allocator's statistics count one allocation."""
-    return 0 if nbytes < s.floor else nbytes
+    return 0 if nbytes < s.min_counted_bytes else nbytes
 
 
 def own_accumulation(model, batch_size: int, replicas: int) -> int:

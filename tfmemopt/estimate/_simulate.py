@@ -12,8 +12,8 @@ import bisect
 import tensorflow as tf
 
 from tfmemopt.estimate._in_place import _reusable_input
-from tfmemopt.estimate._kept import _ALIAS
-from tfmemopt.estimate._kept import _FREE
+from tfmemopt.estimate._saved_activations import _ALIAS
+from tfmemopt.estimate._saved_activations import _FREE
 from tfmemopt.estimate._update_timing import _RUNS_IN_ITS_GAPS
 from tfmemopt.estimate._update_timing import _runs_beside
 from tfmemopt.estimate._update_timing import _starts

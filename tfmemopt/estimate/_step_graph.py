@@ -28,12 +28,12 @@ from tfmemopt.estimate._dedup import times_one
 from tfmemopt.estimate._executor import replay_order
 from tfmemopt.estimate._gathered_tensors import _identity_slices
 from tfmemopt.estimate._gathered_tensors import _unowned_free
-from tfmemopt.estimate._kept import _kept_for_backward
-from tfmemopt.estimate._kept import _units_at
-from tfmemopt.estimate._kept import gradient_seed
 from tfmemopt.estimate._kernels import _einsum_copies
 from tfmemopt.estimate._kernels import folded_constants
 from tfmemopt.estimate._kernels import sums_rewritten
+from tfmemopt.estimate._saved_activations import _kept_for_backward
+from tfmemopt.estimate._saved_activations import _units_at
+from tfmemopt.estimate._saved_activations import gradient_seed
 from tfmemopt.estimate._simulate import _simulate
 from tfmemopt.estimate._step_trace import _all_layer_names
 from tfmemopt.estimate._step_trace import _model_scope
@@ -60,8 +60,8 @@ class StepGraph:
     gradients: int
     # (layer path, bytes kept for backward), in the order the backward
     # pass first reads them (the last layers first); the loss's and the
-    # train step's own tensors under `_kept.LOSS` where the model's scope
-    # is known (`loss_apart`).
+    # train step's own tensors under `_saved_activations.LOSS` where the
+    # model's scope is known (`loss_apart`).
     saved_by_layer: list
     # depth -> (units in forward order, saved bytes per unit, bytes of
     # each unit's output read by later units): the candidate segments.
@@ -96,7 +96,8 @@ class StepGraph:
     # `peak`.
     run_ahead: int = 0
     # Whether the model's scope was found, so that `saved_by_layer` puts
-    # the tensors made outside it and every layer under `_kept.LOSS`.
+    # the tensors made outside it and every layer under
+    # `_saved_activations.LOSS`.
     loss_apart: bool = False
     # Bytes of each constant Grappler folds a constant-valued op into
     # (`_kernels.folded_constants`): allocated once, before the first

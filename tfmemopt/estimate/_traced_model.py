@@ -108,7 +108,7 @@ def trace_model(
             activation_itemsize=s.compute if rescale else None,
             input_shape=input_shape,
             sequence_length=sequence_length,
-            min_counted_bytes=s.floor,
+            min_counted_bytes=s.min_counted_bytes,
             update=consumers(
                 s.optimizer,
                 accumulating,

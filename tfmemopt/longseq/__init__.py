@@ -11,17 +11,17 @@ be called directly.
 # packages, which import from a package, never from its private modules
 # (tests/test_architecture.py); they are not public API.
 from tfmemopt.longseq._attention import dot_product_attention
+from tfmemopt.longseq._enable import LongSequenceReport
+from tfmemopt.longseq._enable import check_compiled as check_compiled
+from tfmemopt.longseq._enable import check_options as check_options
+from tfmemopt.longseq._enable import disable_long_sequences
+from tfmemopt.longseq._enable import enable_long_sequences
+from tfmemopt.longseq._enable import report_of as report_of
 from tfmemopt.longseq._head import head_candidates as head_candidates
 from tfmemopt.longseq._head import head_of as head_of
 from tfmemopt.longseq._head import training_forward as training_forward
 from tfmemopt.longseq._hub_attention import is_hub_attention as is_hub_attention
 from tfmemopt.longseq._linear_cross_entropy import linear_cross_entropy
-from tfmemopt.longseq._takeover import LongSequenceReport
-from tfmemopt.longseq._takeover import check_compiled as check_compiled
-from tfmemopt.longseq._takeover import check_options as check_options
-from tfmemopt.longseq._takeover import disable_long_sequences
-from tfmemopt.longseq._takeover import enable_long_sequences
-from tfmemopt.longseq._takeover import report_of as report_of
 
 __all__ = [
     "LongSequenceReport",
