@@ -385,13 +385,39 @@ def in_symbolic_scope() -> bool:
     return bool(module.in_symbolic_scope())
 
 
+def set_untracked(obj, name: str, value) -> None:
+    """`obj.<name> = value` on the instance, past Keras's attribute
+    tracking: the one way tfmemopt sets an attribute on a Keras object it
+    did not make (#50).
+
+    Keras's `Layer`, `Model` and `Optimizer` `__setattr__` track what is
+    set on them (a layer or variable set as an attribute becomes a child
+    whose weights are saved and walked; `Model.__setattr__` refuses
+    attributes before `super().__init__`). tfmemopt's own state on a
+    user's model (the checkpointing or long-sequence state) and the
+    methods it replaces on one instance must stay out of what Keras saves
+    and walks. Methods are replaced on an instance only where Keras offers
+    no hook: a layer of a model the user built, checkpointed (`call`); a
+    keras-hub attention layer's `_compute_attention`; an optimizer's
+    `build`, `add_variable_from_reference`, saving and all-reduce under
+    sharding (docs/architecture.md, "Where tfmemopt patches Keras").
+    """
+    object.__setattr__(obj, name, value)
+
+
+def delete_untracked(obj, name: str) -> None:
+    """Undoes `set_untracked` (the instance attribute removed, the class's
+    own seen again)."""
+    object.__delattr__(obj, name)
+
+
 def skip_optimizer_all_reduce(optimizer) -> None:
     """Switches off the TensorFlow optimizer's gradient all-reduce
     (`_all_reduce_sum_gradients`) and its per-replica clipping
     (`_clip_gradients`): under parameter sharding each replica's gradient
     is already its part of the sum, clipped with the whole norm."""
-    object.__setattr__(optimizer, "_all_reduce_sum_gradients", list)
-    object.__setattr__(optimizer, "_clip_gradients", lambda grads: grads)
+    set_untracked(optimizer, "_all_reduce_sum_gradients", list)
+    set_untracked(optimizer, "_clip_gradients", lambda grads: grads)
 
 
 def train_step_function(model):

@@ -22,6 +22,7 @@ import tensorflow as tf
 from keras import ops
 
 from tfmemopt import _compat
+from tfmemopt._compat import set_untracked
 from tfmemopt._utils import ForwardsToInner
 from tfmemopt.accumulation import _accumulation_hooks as hooks
 
@@ -98,7 +99,7 @@ class AccumulatingOptimizer(ForwardsToInner, keras.optimizers.Optimizer):
         # not an attribute that Keras's saving walks (it reads every
         # attribute of `dir()`; a loss scale optimizer here led back to
         # itself, and `load_model` ended in a RecursionError).
-        object.__setattr__(self, "_outer_loss_scale_ref", None)
+        set_untracked(self, "_outer_loss_scale_ref", None)
 
     def _outer_loss_scale(self):
         """The `LossScaleOptimizer` that wraps this one, or `None`."""
@@ -122,7 +123,7 @@ class AccumulatingOptimizer(ForwardsToInner, keras.optimizers.Optimizer):
             name="skip_window",
         )
         self._item_count = self._add_accumulator((), None, "item_count")
-        object.__setattr__(
+        set_untracked(
             self,
             "_accumulators",
             [

@@ -24,6 +24,7 @@ import keras
 import tensorflow as tf
 
 from tfmemopt._compat import in_xla_function
+from tfmemopt._compat import set_untracked
 from tfmemopt._utils import check_int
 from tfmemopt.distribute import count_non_finite
 from tfmemopt.distribute import refuse_jit_replicas
@@ -129,19 +130,19 @@ def adopt_loss_scale_optimizer(accumulating, outer) -> None:
         return
     if outer.__dict__.get(_ORIGINAL) is None:
         original = outer._stateful_handle_non_finite_grads
-        object.__setattr__(outer, _ORIGINAL, original)
+        set_untracked(outer, _ORIGINAL, original)
 
         def handle_non_finite_micro_step():
             original()
             outer.inner_optimizer._skip_micro_step()
 
-        object.__setattr__(
+        set_untracked(
             outer,
             "_stateful_handle_non_finite_grads",
             handle_non_finite_micro_step,
         )
     ref = weakref.ref(outer)
-    object.__setattr__(accumulating, "_outer_loss_scale_ref", ref)
+    set_untracked(accumulating, "_outer_loss_scale_ref", ref)
     # As LossScaleOptimizer does for its direct inner optimizer: the loss is
     # scaled once, by the outer optimizer.
     accumulating.inner_optimizer.loss_scale_factor = None
@@ -247,8 +248,8 @@ def clip_after_all_reduce(inner) -> None:
         clipped = clip([g for g, _ in reduced])
         return [(g, v) for g, (_, v) in zip(clipped, reduced)]
 
-    object.__setattr__(inner, "_clip_gradients", lambda grads: grads)
-    object.__setattr__(inner, "_all_reduce_sum_gradients", reduce_then_clip)
+    set_untracked(inner, "_clip_gradients", lambda grads: grads)
+    set_untracked(inner, "_all_reduce_sum_gradients", reduce_then_clip)
 
 
 def refuse_jit_on_mirrored_cpus() -> None:

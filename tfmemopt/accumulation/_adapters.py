@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import warnings
 
+from tfmemopt._compat import set_untracked
 from tfmemopt._compat import sublayers
 from tfmemopt.accumulation._model_saving import split_keys
 
@@ -172,4 +173,4 @@ def _after_own_load(layer, values) -> None:
         finally:
             layer.__dict__.pop("load_own_variables", None)
 
-    object.__setattr__(layer, "load_own_variables", load_own_variables)
+    set_untracked(layer, "load_own_variables", load_own_variables)

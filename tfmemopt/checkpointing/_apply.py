@@ -10,6 +10,7 @@ import weakref
 import keras
 import tensorflow as tf
 
+from tfmemopt._compat import set_untracked
 from tfmemopt.checkpointing import _policies as policies
 from tfmemopt.checkpointing._block import CheckpointBlock
 from tfmemopt.checkpointing._recompute import checkpoint_call
@@ -156,7 +157,7 @@ def enable_checkpointing(model: keras.Model, policy="auto") -> CheckpointReport:
             report.inside = f"{model.name}/{report.inside or inner.name}"
             state = _State(report)
             state.nested = inner
-            object.__setattr__(model, _STATE, state)
+            set_untracked(model, _STATE, state)
             _drop_traced_functions(model)
             return report
     report = CheckpointReport(policy=name, mode="layers")
@@ -188,7 +189,7 @@ def enable_checkpointing(model: keras.Model, policy="auto") -> CheckpointReport:
             "layers made of sub-layers."
         )
     _warn_if_whole(model, report)
-    object.__setattr__(model, _STATE, state)
+    set_untracked(model, _STATE, state)
     _drop_traced_functions(model)
     return report
 
@@ -232,7 +233,7 @@ def disable_checkpointing(model: keras.Model) -> None:
         layer.__dict__.pop("call", None)
     if state.model_call:
         model.__dict__.pop("call", None)
-    object.__setattr__(model, _STATE, None)
+    set_untracked(model, _STATE, None)
     _drop_traced_functions(model)
 
 
@@ -390,9 +391,7 @@ def _build_stages(model, segments, report, state):
             # `add_loss` terms go to the model. A weak reference, not the
             # model: Keras's saving walks every attribute `dir()` lists,
             # and a block pointing back at its model is a cycle there.
-            object.__setattr__(
-                block, "_tfmemopt_loss_owner", weakref.ref(model)
-            )
+            set_untracked(block, "_tfmemopt_loss_owner", weakref.ref(model))
             stages.append((block, needed))
             report.segments.append(names)
 
@@ -405,7 +404,7 @@ def _build_stages(model, segments, report, state):
             x = stage(x, training=training)
         return x
 
-    object.__setattr__(model, "call", call)
+    set_untracked(model, "call", call)
     state.model_call = True
     state.stages = [stage for stage, _ in stages]
     report.mode = "segments"
@@ -460,7 +459,7 @@ def _patch_layer(layer):
             owner=layer,
         )
 
-    object.__setattr__(layer, "call", call)
+    set_untracked(layer, "call", call)
 
 
 def _drop_traced_functions(model):

@@ -29,6 +29,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfmemopt import _compat
+from tfmemopt._compat import set_untracked
 from tfmemopt._protocols import shard_alignment
 from tfmemopt.distribute._gather_order import ordered
 from tfmemopt.distribute._gradients import clip
@@ -412,7 +413,7 @@ def _finalize_on_shards(inner, originals, shards) -> None:
     def on_shards(var_list):
         return finalize(inner, [by_id.get(id(v), v) for v in var_list])
 
-    object.__setattr__(inner, "finalize_variable_values", on_shards)
+    set_untracked(inner, "finalize_variable_values", on_shards)
 
 
 def _check_model(model) -> None:

@@ -15,6 +15,8 @@ import weakref
 import numpy as np
 import tensorflow as tf
 
+from tfmemopt._compat import delete_untracked
+from tfmemopt._compat import set_untracked
 from tfmemopt._protocols import CutsState
 from tfmemopt._protocols import load_state
 from tfmemopt._protocols import save_state
@@ -46,18 +48,18 @@ def build_whole_state(optimizer, inner, shard_set) -> None:
             made[id(var)] = (var, layouts[i].with_shape(whole))
         return var
 
-    object.__setattr__(inner, "add_variable_from_reference", recording)
+    set_untracked(inner, "add_variable_from_reference", recording)
     try:
         optimizer.build(shard_set.shards)
     finally:
-        object.__delattr__(inner, "add_variable_from_reference")
+        delete_untracked(inner, "add_variable_from_reference")
     if isinstance(inner, CutsState):
         made.update(
             _described_state(inner, [w._value for w in shard_set.originals])
         )
     state = WholeState(optimizer, inner, shard_set.strategy, made)
-    object.__setattr__(optimizer, "save_own_variables", state.save)
-    object.__setattr__(optimizer, "load_own_variables", state.load)
+    set_untracked(optimizer, "save_own_variables", state.save)
+    set_untracked(optimizer, "load_own_variables", state.load)
     shard_set.state = state
     # A wrapper (`LossScaleOptimizer`) lists its inner optimizer's
     # variables among its own, and Keras saves and loads the inner one
@@ -70,13 +72,13 @@ def build_whole_state(optimizer, inner, shard_set) -> None:
     while level is not inner:
         level = level.inner_optimizer
         child = WholeState(level, inner, shard_set.strategy, made)
-        object.__setattr__(level, "save_own_variables", child.save)
-        object.__setattr__(level, "load_own_variables", _restored_by_wrapper)
+        set_untracked(level, "save_own_variables", child.save)
+        set_untracked(level, "load_own_variables", _restored_by_wrapper)
     # Built on the shards: building again would add a second set of a
     # wrapper's own variables (Keras's `LossScaleOptimizer.build` does not
     # check `built`), and its state then no longer matches a checkpoint's.
     # docs/sharding.md says to call `build` before `load_weights`.
-    object.__setattr__(optimizer, "build", _built_on_the_shards)
+    set_untracked(optimizer, "build", _built_on_the_shards)
 
 
 def _restored_by_wrapper(store) -> None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from tfmemopt._compat import delete_untracked
+from tfmemopt._compat import set_untracked
 from tfmemopt._protocols import CutsState
 from tfmemopt._protocols import shard_alignment
 from tfmemopt.distribute._shard_layout import Layout
@@ -70,12 +72,12 @@ def build_sharded(inner, params, replicas):
         return var
 
     before = {id(v) for v in inner.variables}
-    object.__setattr__(inner, "add_variable_from_reference", from_reference)
+    set_untracked(inner, "add_variable_from_reference", from_reference)
     try:
         with tf.variable_creator_scope(_on_read):
             inner.build(refs)
     finally:
-        object.__delattr__(inner, "add_variable_from_reference")
+        delete_untracked(inner, "add_variable_from_reference")
     if isinstance(inner, CutsState):
         made.update(_described_state(inner, refs))
     partitioned, replicated = [], []

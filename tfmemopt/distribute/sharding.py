@@ -6,6 +6,7 @@ import keras
 import tensorflow as tf
 
 from tfmemopt import _compat
+from tfmemopt._compat import set_untracked
 from tfmemopt._protocols import load_state
 from tfmemopt._protocols import save_state
 from tfmemopt._utils import ForwardsToInner
@@ -177,8 +178,8 @@ class ShardedOptimizer(ForwardsToInner, keras.optimizers.Optimizer):
             )
         # The whole state is saved by this wrapper; the inner must not save
         # (or load) its per-replica parts again as a child object.
-        object.__setattr__(inner, "save_own_variables", _nothing)
-        object.__setattr__(inner, "load_own_variables", _nothing)
+        set_untracked(inner, "save_own_variables", _nothing)
+        set_untracked(inner, "load_own_variables", _nothing)
         replicas = strategy.num_replicas_in_sync
         if replicas == 1:
             inner.build(var_list)

@@ -25,6 +25,7 @@ import keras
 import tensorflow as tf
 
 from tfmemopt._compat import compiled_metrics
+from tfmemopt._compat import set_untracked
 from tfmemopt._compat import sublayers
 from tfmemopt._utils import check_int
 from tfmemopt.longseq._attention import DEFAULT_BLOCK_ELEMENTS
@@ -273,7 +274,7 @@ def enable_long_sequences(
         for layer in sublayers(model):
             if is_hub_decoder(layer):
                 patch_hub_decoder(state, layer)
-    object.__setattr__(owner, _STATE, state)
+    set_untracked(owner, _STATE, state)
     return report
 
 
@@ -330,7 +331,7 @@ def disable_long_sequences(owner) -> None:
     if state is None:
         return
     restore_instances(state)
-    object.__setattr__(owner, _STATE, None)
+    set_untracked(owner, _STATE, None)
 
 
 def check_compiled(model, chunked_loss) -> None:

@@ -13,6 +13,7 @@ import keras
 import tensorflow as tf
 
 from tfmemopt import _compat
+from tfmemopt._compat import set_untracked
 from tfmemopt._compat import sublayers
 from tfmemopt.longseq._linear_cross_entropy import linear_cross_entropy
 
@@ -34,7 +35,7 @@ def replace_on_instance(state, layer, name, value) -> None:
     the logits of a linear head", a fresh-user trial).
     """
     previous = layer.__dict__.get(name, _MISSING)
-    object.__setattr__(layer, name, value)
+    set_untracked(layer, name, value)
     state.patched.append((layer, name, previous))
 
 
@@ -44,7 +45,7 @@ def restore_instances(state) -> None:
         if previous is _MISSING:
             layer.__dict__.pop(name, None)
         else:
-            object.__setattr__(layer, name, previous)
+            set_untracked(layer, name, previous)
 
 
 _TAG = "_tfmemopt_head_call"
