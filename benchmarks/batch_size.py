@@ -35,8 +35,8 @@ from benchmarks._report import table  # noqa: E402
 from benchmarks._report import write_section  # noqa: E402
 from tfmemopt import memory  # noqa: E402
 from tfmemopt.tuning._plan_apply import apply_plan  # noqa: E402
+from tfmemopt.tuning._plan_search import step_time  # noqa: E402
 from tfmemopt.tuning._planner import Plan  # noqa: E402
-from tfmemopt.tuning._planner import step_time  # noqa: E402
 from tfmemopt.tuning._trials import TrialRunner  # noqa: E402
 from tfmemopt.tuning._trials import variable_bytes  # noqa: E402
 

@@ -11,7 +11,7 @@ from conftest import run_in_subprocess
 
 import tfmemopt
 from tfmemopt import estimate_memory
-from tfmemopt.tuning import _planner as planner
+from tfmemopt.tuning import _plan_search as planner
 from tfmemopt.tuning._planner import MARGIN
 
 T, FEATURES, UNITS = 16, 32, 64

@@ -9,6 +9,7 @@ import pytest
 import tfmemopt
 from tfmemopt import memory
 from tfmemopt._utils import format_bytes
+from tfmemopt.tuning import _plan_search as search
 from tfmemopt.tuning import _planner as planner
 from tfmemopt.tuning._planner import MARGIN
 from tfmemopt.tuning._trials import TrialRunner
@@ -51,17 +52,17 @@ def mlp():
 
 
 def test_step_time_model():
-    whole = planner.step_time(256, 1, None, "float32", False)
+    whole = search.step_time(256, 1, None, "float32", False)
     assert whole == 1.0
-    four = planner.step_time(64, 4, None, "float32", False)
-    sixteen = planner.step_time(16, 16, None, "float32", False)
+    four = search.step_time(64, 4, None, "float32", False)
+    sixteen = search.step_time(16, 16, None, "float32", False)
     assert four > 1.0 and sixteen > four
     # (4 x (64 + 8)) / (256 + 8), worked out by hand
     assert four == pytest.approx(288 / 264, abs=1e-4)
-    ckpt = planner.step_time(256, 1, "auto", "float32", False)
+    ckpt = search.step_time(256, 1, "auto", "float32", False)
     assert ckpt == pytest.approx(1.33)
-    assert planner.step_time(256, 1, None, "mixed_bfloat16", True) < 1.0
-    assert planner.step_time(256, 1, None, "mixed_bfloat16", False) > 1.0
+    assert search.step_time(256, 1, None, "mixed_bfloat16", True) < 1.0
+    assert search.step_time(256, 1, None, "mixed_bfloat16", False) > 1.0
 
 
 def test_choose_fastest_that_fits():

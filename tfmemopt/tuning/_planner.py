@@ -10,18 +10,13 @@ does not fit. The choice itself is a pure function (`choose`).
 
 from __future__ import annotations
 
-import math
-
 import keras
 
 from tfmemopt._compat import compiled_metric_names
-from tfmemopt._utils import auto_jit_compile_here
 from tfmemopt._utils import check_int
 from tfmemopt._utils import cpu_has_native_bfloat16
 from tfmemopt._utils import format_mib as _mib
 from tfmemopt._utils import keyword_options
-from tfmemopt.estimate import estimate_memory
-from tfmemopt.estimate import resolve_optimizer
 from tfmemopt.precision import choose_policy
 from tfmemopt.precision import detect_hardware
 from tfmemopt.tuning import _search
@@ -30,6 +25,8 @@ from tfmemopt.tuning._plan import Plan
 from tfmemopt.tuning._plan_apply import measure_plan
 from tfmemopt.tuning._plan_chosen import _make_plan
 from tfmemopt.tuning._plan_no_fit import raise_no_fit
+from tfmemopt.tuning._plan_search import Search
+from tfmemopt.tuning._plan_search import choose
 
 ALLOW = (
     "accumulation",
@@ -39,62 +36,6 @@ ALLOW = (
     "optimizer_state",
     "long_sequences",
 )
-# A pass over a micro-batch costs as much as this many extra samples
-# (kernel launches, weight reads, the optimizer's share).
-_PASS_OVERHEAD = 8
-_CHECKPOINT_COST = 1.33  # one extra forward pass (+30% measured)
-_FAST_16BIT = 0.6  # tensor cores (GPU >= 7.0, TPU)
-_SLOW_16BIT = 1.3  # CPUs and older GPUs: converts, no faster matmuls
-
-
-def step_time(micro, steps, checkpointing, policy, fast_16bit) -> float:
-    """Relative step time of a combination (1.0: whole batch, float32)."""
-    batch = micro * steps
-    t = steps * (micro + _PASS_OVERHEAD) / (batch + _PASS_OVERHEAD)
-    if checkpointing is not None:
-        t *= _CHECKPOINT_COST
-    if policy.startswith("mixed") or policy in ("float16", "bfloat16"):
-        t *= _FAST_16BIT if fast_16bit else _SLOW_16BIT
-    return round(t, 4)
-
-
-def _fit_by(candidate, margin) -> int:
-    """Sets and returns the candidate's `"fit"`: what `choose` compares
-    with `budget x (1 - margin)`. Its estimated peak, or more where the
-    peak may exceed it by `run_ahead` (`MemoryEstimate.run_ahead`): then
-    `peak + run_ahead` must fit the whole budget too (a bound needs no
-    margin on top)."""
-    peak, more = candidate["peak"], candidate["run_ahead"]
-    if candidate.get("compiled"):
-        # XLA's own figure: within XLA_ERROR of the step on the held-out
-        # set, plus what a CPU allocator's chunk may add; that bound must
-        # fit the whole budget, the user's margin is not needed on top.
-        bound = peak * (1 + XLA_ERROR) + candidate.get("slack", 0)
-        candidate["fit"] = max(peak, math.ceil(bound * (1 - margin)))
-        return candidate["fit"]
-    candidate["fit"] = max(peak, math.ceil((peak + more) * (1 - margin)))
-    return candidate["fit"]
-
-
-def _chunk_slack(est) -> int:
-    """What TensorFlow's CPU allocator may count beyond XLA's figure: it
-    grows in regions of powers of two and keeps a chunk whole (not split)
-    unless the rest is at least the request or 128 MiB, so the temporary
-    buffer may count up to min(its size, 128 MiB) more. 0 on a GPU or TPU
-    (their allocators take the memory up front and split it) and for an
-    estimate that was not compiled."""
-    if not est.compiled or auto_jit_compile_here():
-        return 0
-    return min(int(est.compiled.get("largest", 0)), 128 * 2**20)
-
-
-def choose(candidates: list[dict], budget: int) -> dict | None:
-    """The fastest candidate whose `"fit"` (its estimated peak, or more:
-    `_fit_by`) is within `budget` (ties: the least memory)."""
-    fitting = [c for c in candidates if c.get("fit", c["peak"]) <= budget]
-    if not fitting:
-        return None
-    return min(fitting, key=lambda c: (c["time"], c["peak"]))
 
 
 def _policies(model, allow) -> tuple[list[str], bool]:
@@ -120,21 +61,6 @@ def _policies(model, allow) -> tuple[list[str], bool]:
     return [base, "mixed_bfloat16"], False
 
 
-def _steps_options(per_replica, multiple_of, allow) -> list[list[int]]:
-    """The micro-batch counts to try, in rounds: those whose micro-batch is
-    a multiple of `multiple_of` (and 1) first; every divisor only where
-    none of them fits (the alignment is preferred, not required)."""
-    if "accumulation" not in allow:
-        return [[1]]
-    divisors = [d for d in range(1, per_replica + 1) if per_replica % d == 0]
-    aligned = [
-        d for d in divisors if (per_replica // d) % multiple_of == 0 or d == 1
-    ]
-    if len(aligned) > 1 and aligned != divisors:
-        return [aligned, divisors]
-    return [divisors]
-
-
 # The fraction of a budget `plan` keeps free for the estimator's error. The
 # estimate errs low more often than high: on the held-out set of
 # docs/estimator.md (28 cases of 8 model families no rule was designed on)
@@ -143,11 +69,6 @@ def _steps_options(per_replica, multiple_of, allow) -> list[list[int]]:
 # plan's peak within the budget up to 1/0.75 = 1.33x its estimate (0.15,
 # the default until issue #23, covered 24 of the 28 held-out cases).
 MARGIN = 0.25
-# Under XLA the estimate is XLA's buffer assignment of the compiled step;
-# the allowance for its error is the goal the held-out set was judged by
-# (benchmarks/estimator_xla.py, BENCHMARKS.md section estimator_xla: worst
-# 4.0% measured), twice the worst seen.
-XLA_ERROR = 0.08
 
 
 @keyword_options
@@ -251,137 +172,26 @@ def plan(
     check_int("multiple_of", multiple_of)
     budget = _search.parse_bytes(memory_budget)
     _check_choices(allow, global_batch_size, replicas, verify, data, margin)
-    limit = budget * (1 - margin)
-    policies, fast = _policies(model, allow)
-    considered = []
-    base = resolve_optimizer(optimizer, model)[0]
-    option = {
-        "optimizer": None,
-        "sharding": None,
-        "opt": optimizer,
-        "params": False,
-        "chunked_loss": False,
-        "attention": None,
-    }
-
-    def peak(policy, ckpt, steps) -> int:
-        key = (
-            policy,
-            ckpt,
-            steps,
-            option["optimizer"],
-            option["sharding"],
-            option["params"],
-            option["chunked_loss"],
-            option["attention"],
-        )
-        for c in considered:
-            if _key(c) == key:
-                return c["fit"]
-        est = estimate_memory(
-            model,
-            global_batch_size,
-            optimizer=option["opt"],
-            policy=policy,
-            accumulation_steps=steps,
-            checkpointing=ckpt,
-            replicas=replicas,
-            input_shape=input_shape,
-            sequence_length=sequence_length,
-            shard_parameters=option["params"],
-            chunked_loss=option["chunked_loss"],
-            attention=option["attention"] or False,
-        )
-        micro = global_batch_size // replicas // steps
-        time = step_time(micro, steps, ckpt, policy, fast)
-        considered.append(_candidate(est, policy, ckpt, steps, micro, time))
-        considered[-1]["parameter_count"] = _trainable_count(model)
-        considered[-1].update(
-            optimizer=option["optimizer"],
-            sharding=option["sharding"],
-            shard_parameters=option["params"],
-            chunked_loss=option["chunked_loss"],
-            attention=option["attention"],
-            optimizer_name=type(state_options.unwrap(base)).__name__,
-        )
-        return _fit_by(considered[-1], margin)
-
-    ckpts = [None, "auto"] if "checkpointing" in allow else [None]
-    original = list(policies)
-
-    def search(steps_list) -> None:
-        for policy in policies:
-            for ckpt in ckpts:
-                _fewest_steps_that_fit(
-                    lambda steps: peak(policy, ckpt, steps), steps_list, limit
-                )
-
-    rounds = _steps_options(global_batch_size // replicas, multiple_of, allow)
-
-    def fits() -> bool:
-        return choose(considered, limit) is not None
-
-    def search_rounds() -> None:
-        """Aligned micro-batches first, every divisor where none fits;
-        not where the model state alone is over the limit (no micro-batch
-        can fit then)."""
-        start = len(considered)
-        for i, steps_list in enumerate(rounds):
-            tried = considered[start:]
-            over = bool(tried) and min(c["state"] for c in tried) > limit
-            if i and (fits() or over):
-                break
-            search(steps_list)
-
-    search_rounds()
+    search = Search(
+        model,
+        global_batch_size,
+        budget * (1 - margin),
+        optimizer=optimizer,
+        allow=allow,
+        replicas=replicas,
+        multiple_of=multiple_of,
+        margin=margin,
+        input_shape=input_shape,
+        sequence_length=sequence_length,
+        policies=_policies(model, allow),
+    )
+    search.search_rounds()
     if "long_sequences" in allow:
-        # The logits or the attention scores do not fit: compute them in
-        # chunks (the same update), the term that is there first.
-        def executor_terms():
-            # A compiled (XLA) estimate does not say what the logits and
-            # the attention scores hold; the executor's trace does.
-            try:
-                return estimate_memory(
-                    model,
-                    global_batch_size,
-                    optimizer=option["opt"],
-                    replicas=replicas,
-                    input_shape=input_shape,
-                    sequence_length=sequence_length,
-                    jit_compile=False,
-                ).terms
-            except ValueError:
-                return {}
-
-        options = _long_sequence_options(considered, executor_terms)
-        for chunked, attention in options:
-            if fits():
-                break
-            option.update(chunked_loss=chunked, attention=attention)
-            try:
-                search_rounds()
-            except ValueError:  # no linear head, no MultiHeadAttention, or
-                option.update(chunked_loss=False, attention=None)  # loss
-        if not fits():
-            # They did not make it fit: the state alternatives below are
-            # tried without them (an MLP's 10 KiB of logits came back as
-            # chunked_loss=True beside Adam8bit and checkpointing "auto",
-            # a combination that model's first fit refuses).
-            option.update(chunked_loss=False, attention=None)
+        search.try_long_sequences()
     # The model state leaves too little room: shrink the state itself,
     # least change first (sharded, 8-bit, both, factored).
-    for alt in state_options.alternatives(base, allow, replicas, original[0]):
-        if fits():
-            break
-        new = state_options.make_optimizer(base, alt.name, alt.stage)
-        option.update(
-            optimizer=alt.name,
-            sharding=alt.stage,
-            opt=new,
-            params=alt.shard_parameters,
-        )
-        policies[:] = [alt.policy] if alt.policy else original
-        search_rounds()
+    search.try_state_alternatives()
+    considered, limit = search.considered, search.limit
 
     def make(best) -> Plan:
         return _make_plan(best, global_batch_size, replicas, budget, considered)
@@ -397,72 +207,6 @@ def plan(
             c["drops_metrics"] = metric_names
     measure = (lambda p: measure_plan(p, model, data)) if verify else None
     return _choose(considered, limit, budget, make, no_fit, measure)
-
-
-def _long_sequence_options(considered, executor_terms=None) -> list:
-    """`[(chunked_loss, attention)]` for the terms the plain step keeps:
-    the logits alone, the attention scores alone, then both (under XLA,
-    read from `executor_terms()`: XLA's figure has no terms)."""
-    terms = considered[0].get("terms", {}) if considered else {}
-    if considered and considered[0].get("compiled") and executor_terms:
-        terms = executor_terms()
-    logits = terms.get("logits", 0) > 0
-    scores = terms.get("attention_scores", 0) > 0
-    out = []
-    if logits:
-        out.append((True, None))
-    if scores:
-        out.append((False, "chunked"))
-    if logits and scores:
-        out.append((True, "chunked"))
-    return out
-
-
-def _trainable_count(model) -> int:
-    """Trainable parameters (each shared weight once)."""
-    weights = {id(v): v for v in model.trainable_weights}.values()
-    return int(sum(math.prod(v.shape) for v in weights))
-
-
-def _key(c) -> tuple:
-    """What identifies a candidate (its settings)."""
-    return (
-        c["policy"],
-        c["checkpointing"],
-        c["accumulation_steps"],
-        c.get("optimizer"),
-        c.get("sharding"),
-        c.get("shard_parameters", False),
-        c.get("chunked_loss", False),
-        c.get("attention"),
-    )
-
-
-def _candidate(est, policy, ckpt, steps, micro, time) -> dict:
-    """One row of `Plan.considered`: the settings and their estimate."""
-    return {
-        "policy": policy,
-        "checkpointing": ckpt,
-        "accumulation_steps": steps,
-        "micro_batch_size": micro,
-        "peak": int(est.total),
-        # Under XLA the gradients are inside XLA's temporary buffer
-        # (`gradients` is 0): one per trainable weight, as the executor's.
-        "state": int(
-            est.parameters
-            + (est.gradients or est.compiled.get("gradients", 0))
-            + est.optimizer_state
-        ),
-        "optimizer_state": int(est.optimizer_state),
-        # trainable parameters, counting float32 gradients
-        "parameter_count": int(est.gradients) // 4,
-        "time": time,
-        "gathered": int(est.gathered),
-        "terms": dict(est.terms),
-        "run_ahead": int(est.run_ahead),
-        "compiled": bool(est.compiled),
-        "slack": _chunk_slack(est),
-    }
 
 
 def _allow_tuple(allow) -> tuple:
@@ -501,23 +245,6 @@ def _check_choices(allow, global_batch_size, replicas, verify, data, margin):
             "`margin` must be a fraction in [0, 1) of the budget to keep "
             f"free. Received: margin={margin!r}."
         )
-
-
-def _fewest_steps_that_fit(peak, steps_list, limit) -> None:
-    """Estimates `peak(steps)` along `steps_list` (the peak falls as the
-    steps grow), bisecting for the fewest steps within `limit`. When the
-    most steps do not fit, the fewest are tried too: accumulators (a float32
-    copy of the gradients) can outweigh the activations they save."""
-    lo, hi = 0, len(steps_list) - 1
-    if peak(steps_list[hi]) > limit:
-        peak(steps_list[0])
-        return
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if peak(steps_list[mid]) <= limit:
-            hi = mid
-        else:
-            lo = mid + 1
 
 
 def _choose(considered, limit, budget, make, no_fit, measure) -> Plan:
