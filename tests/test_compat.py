@@ -421,7 +421,7 @@ def test_on_loss_scale_optimizer_sees_every_wrapper():
 
 
 class _Storage:
-    """Stands for a sharded weight's storage (distribute/_param_shard)."""
+    """Stands for a sharded weight's storage (distribute/_fsdp)."""
 
     dtype = tf.float32
     shape = tf.TensorShape([2])

@@ -184,8 +184,8 @@ def built_bytes(name, shard):
     return made.live_bytes()
 
 
-from tfmemopt.distribute import _param_shard
-_gather = _param_shard.ShardedValue.whole_from_part
+from tfmemopt.distribute import _fsdp
+_gather = _fsdp.ShardedValue.whole_from_part
 # Activation checkpointing (the AdamW run checkpoints d2): the recompute
 # in the backward pass gathers the checkpointed layer's weights again
 # (counted while the step traces).
@@ -199,12 +199,12 @@ out = {}
 for name in ("adamw", "sgd_global_clipnorm", "adamw8bit"):
     wrap = name == "sgd_global_clipnorm"
     if name == "adamw":
-        _param_shard.ShardedValue.whole_from_part = counting
+        _fsdp.ShardedValue.whole_from_part = counting
     w0, a, bytes_sharded, ms = train(
         STRATEGY, name, True, wrap=wrap,
         checkpointing=["d2"] if name == "adamw" else None,
         callbacks=[backup()] if name == "adamw8bit" else ())
-    _param_shard.ShardedValue.whole_from_part = _gather
+    _fsdp.ShardedValue.whole_from_part = _gather
     row = {
         "bytes_sharded": bytes_sharded,
         "shapes": [list(x.shape) for x in a],
@@ -269,14 +269,14 @@ w0, c, _, _ = train(ONE, "adam_ema", False, n=30, callbacks=[last])
 _, b, _, _ = train(STRATEGY, "adam_ema", False, steps=2, n=30)
 # Each micro-batch's gathers wait for the previous one's accumulation
 # (counted while the step traces).
-_ordered, waits = _param_shard.ordered, []
+_ordered, waits = _fsdp.ordered, []
 def recording_order(part):
     out = _ordered(part)
     waits.append(out is not part)
     return out
-_param_shard.ordered = recording_order
+_fsdp.ordered = recording_order
 _, e, _, me = train(STRATEGY, "adam_ema", True, steps=2, n=30)
-_param_shard.ordered = _ordered
+_fsdp.ordered = _ordered
 out["ema"] = {"vs_one": rel(e, c, w0), "floor": rel(b, c, w0),
               "ema_vs_none": rel(last.weights, c, w0),
               "iterations": int(me.optimizer.iterations.numpy()),
@@ -288,7 +288,7 @@ dtypes = {}
 def recording(self, part):
     dtypes[self.name] = part.dtype.name
     return _gather(self, part)
-_param_shard.ShardedValue.whole_from_part = recording
+_fsdp.ShardedValue.whole_from_part = recording
 w = {}
 for strategy, shard in ((STRATEGY, True), (STRATEGY, False), (ONE, False)):
     keras.config.set_dtype_policy("mixed_float16")
@@ -298,7 +298,7 @@ for strategy, shard in ((STRATEGY, True), (STRATEGY, False), (ONE, False)):
         m.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse")
     keras.config.set_dtype_policy("float32")
     w[(strategy is ONE, shard)] = fit(m, 2)
-_param_shard.ShardedValue.whole_from_part = _gather
+_fsdp.ShardedValue.whole_from_part = _gather
 out["mixed_float16"] = {
     "dtypes": dtypes,
     "vs_one": rel(w[(False, True)], w[(True, False)], w0),

@@ -89,7 +89,7 @@ def fit(shard):
 def own_parts(m, whole):
     # Each local component of each shard holds the part of its global
     # replica index.
-    from tfmemopt.distribute._param_shard_state import components
+    from tfmemopt.distribute._fsdp_state import components
     ctx_ids = strategy.experimental_local_results(strategy.run(
         lambda: tf.constant(
             tf.distribute.get_replica_context().replica_id_in_sync_group)))

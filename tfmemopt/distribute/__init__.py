@@ -20,12 +20,14 @@ from tfmemopt.distribute._auto_strategy import auto_strategy
 from tfmemopt.distribute._auto_strategy import describe
 from tfmemopt.distribute._environment import Environment
 from tfmemopt.distribute._environment import detect_environment
-from tfmemopt.distribute._gather_order import gathers_after as gathers_after
+from tfmemopt.distribute._fsdp import check_optimizer as check_optimizer
+from tfmemopt.distribute._fsdp_gather_order import (
+    gathers_after as gathers_after,
+)
 from tfmemopt.distribute._gradients import count_non_finite as count_non_finite
 from tfmemopt.distribute._keras_fixes import (
     refuse_jit_replicas as refuse_jit_replicas,
 )
-from tfmemopt.distribute._param_shard import check_optimizer as check_optimizer
 from tfmemopt.distribute._shard_layout import Layout as Layout
 from tfmemopt.distribute._shard_layout import StateCut as StateCut
 from tfmemopt.distribute.sharding import ShardedOptimizer

@@ -32,7 +32,7 @@ def gather_bits(ctx, flat):
     """`ctx.all_gather(flat, axis=0)`, also for bfloat16: the gather
     collective takes none, so its 16 bits travel as a float16 (a bitcast:
     every bit pattern comes back as it was). Not differentiable for
-    bfloat16 (`_param_shard` gives that gather its gradient)."""
+    bfloat16 (`_fsdp` gives that gather its gradient)."""
     if flat.dtype != tf.bfloat16:
         return ctx.all_gather(flat, axis=0)
     gathered = ctx.all_gather(tf.bitcast(flat, tf.float16), axis=0)

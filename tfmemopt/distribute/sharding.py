@@ -11,8 +11,8 @@ from tfmemopt._protocols import load_state
 from tfmemopt._protocols import save_state
 from tfmemopt._utils import ForwardsToInner
 from tfmemopt.distribute import _shard_state
-from tfmemopt.distribute._shard_apply import sharded_apply
-from tfmemopt.distribute._shard_plan import build_sharded
+from tfmemopt.distribute._zero_apply import sharded_apply
+from tfmemopt.distribute._zero_plan import build_sharded
 
 # Updates that are not elementwise over a parameter: cutting a parameter
 # would change them (factored moments, a per-layer trust ratio, a matrix

@@ -10,19 +10,19 @@ that knows about replicas lives here.
 - `gradient_dtype(variable)`: the dtype a gradient is handed to the
   optimizer in (float32 for bfloat16 weights under several replicas).
 - `step_logs(logs)`: scalar logs that multi-worker reduction accepts.
-- `shard_parameters(model, optimizer, strategy)`: FSDP (`_param_shard`).
+- `shard_parameters(model, optimizer, strategy)`: FSDP (`_fsdp`).
 """
 
 from __future__ import annotations
 
+from tfmemopt.distribute._fsdp import clip_shards
+from tfmemopt.distribute._fsdp import is_shard
+from tfmemopt.distribute._fsdp import shard_model as shard_parameters
 from tfmemopt.distribute._gradients import exchange_dtype as gradient_dtype
 from tfmemopt.distribute._gradients import prepare_gradients
 from tfmemopt.distribute._keras_distribution import check_keras_distribution
 from tfmemopt.distribute._keras_fixes import MultiWorkerFitFixes as FitFixes
 from tfmemopt.distribute._keras_fixes import expand_logs as step_logs
-from tfmemopt.distribute._param_shard import clip_shards
-from tfmemopt.distribute._param_shard import is_shard
-from tfmemopt.distribute._param_shard import shard_model as shard_parameters
 
 
 def on_compile() -> None:

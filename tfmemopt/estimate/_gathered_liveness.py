@@ -1,7 +1,7 @@
 """How long gathered weights live in the real train step of a sharded model.
 
 Under `shard_parameters=True` each weight is all-gathered whole when its
-layer reads it (`distribute/_param_shard.py`). What matters for memory is
+layer reads it (`distribute/_fsdp.py`). What matters for memory is
 how long each whole copy stays alive: until the layer's backward pass
 without checkpointing (the backward of a matmul reads the weight), and,
 inside a checkpointed segment, only while the segment runs (its recompute

@@ -1,6 +1,6 @@
 """A sharded model's optimizer state as whole tensors (`shard_parameters`).
 
-The user's optimizer is built on the shards (`_param_shard.py`), so each of
+The user's optimizer is built on the shards (`_fsdp.py`), so each of
 its slots holds one part per replica. Saved, it writes what an unsharded
 build holds: one whole array per variable, in the same order and shapes
 (tfmemopt's 8-bit optimizers add their layout), so a checkpoint loads at
@@ -20,8 +20,8 @@ from tfmemopt._compat import set_untracked
 from tfmemopt._protocols import CutsState
 from tfmemopt._protocols import load_state
 from tfmemopt._protocols import save_state
-from tfmemopt.distribute._shard_plan import _described_state
 from tfmemopt.distribute._shard_state import read_whole
+from tfmemopt.distribute._zero_plan import _described_state
 
 
 def build_whole_state(optimizer, inner, shard_set) -> None:
