@@ -225,6 +225,17 @@ def estimate_memory(
                 f"jit_compile: not compiled with XLA here ({e}); estimated "
                 "for TensorFlow's executor"
             )
+    return _executor_estimate(
+        model, batch_size, s, input_shape, sequence_length, fallback
+    )
+
+
+def _executor_estimate(
+    model, batch_size, s, input_shape, sequence_length, fallback
+) -> MemoryEstimate:
+    """The estimate for TensorFlow's executor: the traced step's model
+    state, activations, temporaries and accumulation (`fallback`: why it
+    was not compiled with XLA, or None)."""
     # Trace first: a subclassed model may create its weights on first call.
     trace_notes = []
     traced, step, rescale = trace_model(
@@ -238,24 +249,7 @@ def estimate_memory(
     notes += trace_notes
     notes += _measurement_notes(s)
     activations = activation_bytes(model, traced, step, rescale, s, notes)
-    metrics = compiled_metric_names(model)
-    if metrics:
-        notes.append(
-            f"compiled metrics ({', '.join(metrics)}): counted, updated from "
-            "the model's output after the gradient as the step does; on a "
-            "language model's logits they keep the logits and temporaries "
-            "of their size alive (keras-hub Llama, 1 x 1024 tokens, "
-            "vocabulary 32000: 671.9 MiB measured with keras-hub's default "
-            "SparseCategoricalAccuracy, 374.4 without). Compile with "
-            "weighted_metrics=[] and metrics=[] to train in less memory "
-            "(None keeps the metrics of an earlier compile, and keras-hub "
-            "compiles its tasks when it makes them)"
-        )
-    if s.chunked_loss or s.attention:
-        notes.append(
-            f"long sequences: chunked_loss={s.chunked_loss}, attention="
-            f"{s.attention!r}, traced as tfmemopt.Model's step runs them"
-        )
+    notes += _model_notes(model, s)
     gathered = _gathered(traced, step, s, notes)
     if s.shard_parameters:
         temporaries, freed, update = sharded_temporaries(
@@ -266,45 +260,20 @@ def estimate_memory(
             trainable, step, s, state.gradients, activations
         )
     notes += update.notes
-    if step.decay_copies:
-        notes.append(
-            f"weight decay: {type(s.optimizer).__name__} decays each weight "
-            "before its gradient is made; a weight the backward pass still "
-            "reads is copied (copy-on-write): "
-            f"{format_bytes(step.decay_copies)} at the step's peak, in "
-            "`temporaries`"
-        )
+    notes += _step_notes(step, s)
     run_ahead = step.run_ahead  # with accumulation only (`in_loop`)
-    if run_ahead:
-        notes.append(
-            "recurrent layers in the accumulation window: a backward loop's "
-            "iterations can run ahead of the sums of their weight "
-            "gradients, the loop's parallel_iterations at most: up to "
-            f"{format_bytes(run_ahead)} more than this estimate "
-            "(`run_ahead`, not in the total), depending on how long each op "
-            "takes: measured 1.75x the estimate on an Elman RNN language "
-            "model with 4 micro-batches (docs/estimator.md)"
-        )
     inputs, accumulation, window_end = accumulation_bytes(
         trainable, step, s, notes, state.shard_sizes
     )
     # The window's end, the activations freed: what it holds beyond
     # `accumulation` is a temporary.
     temporaries = max(temporaries, window_end - state.gradients - activations)
-    if step.folded:  # allocated before the first step, kept
-        temporaries += sum(step.folded)
-        notes.append(
-            f"{len(step.folded)} constant(s) that Grappler folds "
-            "zeros_like / ones_like / fill of a known shape into (e.g. in "
-            "the gradient of clip_by_value): "
-            f"{format_bytes(sum(step.folded))}, allocated once and kept, "
-            "in `temporaries`"
-        )
+    temporaries += sum(step.folded)  # allocated before the step, kept
     if s.min_counted_bytes and not s.shard_parameters:
         temporaries += cpu_allocator(model, trainable, step, s, update, notes)
-    if replicas > 1 and not s.shard_parameters:
+    if s.replicas > 1 and not s.shard_parameters:
         notes.append(
-            f"{replicas} replicas: batch {s.per_replica} per replica, a "
+            f"{s.replicas} replicas: batch {s.per_replica} per replica, a "
             "packed copy of the gradients for the all-reduce"
         )
     return MemoryEstimate(
@@ -323,6 +292,64 @@ def estimate_memory(
         notes=notes,
         run_ahead=int(run_ahead),
     )
+
+
+def _model_notes(model, s: Settings) -> list:
+    """What the estimate counts because of how the model is compiled and
+    wrapped: its metrics and the long-sequence options."""
+    notes = []
+    metrics = compiled_metric_names(model)
+    if metrics:
+        notes.append(
+            f"compiled metrics ({', '.join(metrics)}): counted, updated from "
+            "the model's output after the gradient as the step does; on a "
+            "language model's logits they keep the logits and temporaries "
+            "of their size alive (keras-hub Llama, 1 x 1024 tokens, "
+            "vocabulary 32000: 671.9 MiB measured with keras-hub's default "
+            "SparseCategoricalAccuracy, 374.4 without). Compile with "
+            "weighted_metrics=[] and metrics=[] to train in less memory "
+            "(None keeps the metrics of an earlier compile, and keras-hub "
+            "compiles its tasks when it makes them)"
+        )
+    if s.chunked_loss or s.attention:
+        notes.append(
+            f"long sequences: chunked_loss={s.chunked_loss}, attention="
+            f"{s.attention!r}, traced as tfmemopt.Model's step runs them"
+        )
+    return notes
+
+
+def _step_notes(step, s: Settings) -> list:
+    """What the traced step holds beyond its tensors: weight-decay copies,
+    a recurrent loop's run-ahead, constants Grappler folds."""
+    notes = []
+    if step.decay_copies:
+        notes.append(
+            f"weight decay: {type(s.optimizer).__name__} decays each weight "
+            "before its gradient is made; a weight the backward pass still "
+            "reads is copied (copy-on-write): "
+            f"{format_bytes(step.decay_copies)} at the step's peak, in "
+            "`temporaries`"
+        )
+    if step.run_ahead:
+        notes.append(
+            "recurrent layers in the accumulation window: a backward loop's "
+            "iterations can run ahead of the sums of their weight "
+            "gradients, the loop's parallel_iterations at most: up to "
+            f"{format_bytes(step.run_ahead)} more than this estimate "
+            "(`run_ahead`, not in the total), depending on how long each op "
+            "takes: measured 1.75x the estimate on an Elman RNN language "
+            "model with 4 micro-batches (docs/estimator.md)"
+        )
+    if step.folded:
+        notes.append(
+            f"{len(step.folded)} constant(s) that Grappler folds "
+            "zeros_like / ones_like / fill of a known shape into (e.g. in "
+            "the gradient of clip_by_value): "
+            f"{format_bytes(sum(step.folded))}, allocated once and kept, "
+            "in `temporaries`"
+        )
+    return notes
 
 
 def _compiled_estimate(model, batch_size, s, input_shape, sequence_length):
