@@ -60,75 +60,9 @@ def trace_model(
             swapped = _swap_policies(model, s.policy)
 
     own = own_report(model) if traced is not model else None
-
-    def trace(rescale):
-        pending = []  # notes kept only if this trace is the one returned
-        step = _checkpointed(rescale, pending)
-        if s.checkpoint_traced == "unbuilt" and traced.built:
-            s.checkpoint_traced = None  # built by that trace: again
-            pending = []
-            step = _checkpointed(rescale, pending)
-        notes.extend(pending)
-        return step
-
-    def _checkpointed(rescale, pending):
-        s.checkpoint_traced, s.checkpoint_segments = None, 0
-        try:
-            with library_checkpointing(traced, s, pending, own):
-                return _plain(rescale)
-        except UndoFailed:
-            raise
-        except Exception as e:  # noqa: BLE001 - estimated by rule instead
-            if s.checkpoint_traced != "library":
-                raise
-            s.checkpoint_traced, s.checkpoint_segments = None, 0
-            pending[:] = [
-                f"checkpointing {s.checkpointing!r}: the checkpointed step "
-                f"could not be traced ({type(e).__name__}: {e}); estimated "
-                "by rule"
-            ]
-            return _plain(rescale)
-
-    def _plain(rescale):
-        with long_sequences.options_for_trace(
-            outer, traced, s.chunked_loss, s.attention
-        ) as owner:
-            return _trace_with(rescale, owner)
-
-    def _trace_with(rescale, owner):
-        def nbytes(v):
-            return counted(weight_bytes(v, s), s)
-
-        accumulating = s.accumulation_steps > 1
-        return trace_step(
-            traced,
-            s.micro,
-            owner=owner,
-            loss=loss,
-            activation_itemsize=s.compute if rescale else None,
-            input_shape=input_shape,
-            sequence_length=sequence_length,
-            min_counted_bytes=s.min_counted_bytes,
-            update=consumers(
-                s.optimizer,
-                accumulating,
-                s.replicas,
-                nbytes,
-                sharded=s.shard_parameters,
-            ),
-            decay=decayed_early(
-                s.optimizer,
-                accumulating,
-                s.replicas,
-                nbytes,
-                sharded=s.shard_parameters,
-            ),
-            # Under shard_parameters the micro-batches are traced one
-            # after another, not run in a while loop (docs/sharding.md).
-            in_loop=accumulating and not s.shard_parameters,
-            metrics_of=outer,
-            notes=notes,
-        )
+    trace = _StepTracer(
+        outer, traced, loss, own, s, notes, input_shape, sequence_length
+    ).trace
 
     if swapped:
         try:
@@ -155,3 +89,91 @@ def _swap_policies(model, policy):
             swapped.append((layer, current))
             layer.dtype_policy = policy
     return swapped
+
+
+class _StepTracer:
+    """Traces one training step of `traced` (the model, or its rebuild
+    under another policy) as the estimate counts it: with the library's
+    checkpointing where it can be traced, with the long-sequence options,
+    with the update's and the weight decay's consumers; adds notes."""
+
+    def __init__(
+        self, outer, traced, loss, own, s, notes, input_shape, sequence_length
+    ):
+        self.outer, self.traced, self.loss, self.own = outer, traced, loss, own
+        self.s, self.notes = s, notes
+        self.input_shape, self.sequence_length = input_shape, sequence_length
+
+    def trace(self, rescale):
+        s = self.s
+        pending = []  # notes kept only if this trace is the one returned
+        step = self._checkpointed(rescale, pending)
+        if s.checkpoint_traced == "unbuilt" and self.traced.built:
+            s.checkpoint_traced = None  # built by that trace: again
+            pending = []
+            step = self._checkpointed(rescale, pending)
+        self.notes.extend(pending)
+        return step
+
+    def _checkpointed(self, rescale, pending):
+        s = self.s
+        s.checkpoint_traced, s.checkpoint_segments = None, 0
+        try:
+            with library_checkpointing(self.traced, s, pending, self.own):
+                return self._plain(rescale)
+        except UndoFailed:
+            raise
+        except Exception as e:  # noqa: BLE001 - estimated by rule instead
+            if s.checkpoint_traced != "library":
+                raise
+            s.checkpoint_traced, s.checkpoint_segments = None, 0
+            pending[:] = [
+                f"checkpointing {s.checkpointing!r}: the checkpointed step "
+                f"could not be traced ({type(e).__name__}: {e}); estimated "
+                "by rule"
+            ]
+            return self._plain(rescale)
+
+    def _plain(self, rescale):
+        s = self.s
+        with long_sequences.options_for_trace(
+            self.outer, self.traced, s.chunked_loss, s.attention
+        ) as owner:
+            return self._trace_with(rescale, owner)
+
+    def _trace_with(self, rescale, owner):
+        s = self.s
+
+        def nbytes(v):
+            return counted(weight_bytes(v, s), s)
+
+        accumulating = s.accumulation_steps > 1
+        return trace_step(
+            self.traced,
+            s.micro,
+            owner=owner,
+            loss=self.loss,
+            activation_itemsize=s.compute if rescale else None,
+            input_shape=self.input_shape,
+            sequence_length=self.sequence_length,
+            min_counted_bytes=s.min_counted_bytes,
+            update=consumers(
+                s.optimizer,
+                accumulating,
+                s.replicas,
+                nbytes,
+                sharded=s.shard_parameters,
+            ),
+            decay=decayed_early(
+                s.optimizer,
+                accumulating,
+                s.replicas,
+                nbytes,
+                sharded=s.shard_parameters,
+            ),
+            # Under shard_parameters the micro-batches are traced one
+            # after another, not run in a while loop (docs/sharding.md).
+            in_loop=accumulating and not s.shard_parameters,
+            metrics_of=self.outer,
+            notes=self.notes,
+        )
