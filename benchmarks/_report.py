@@ -54,6 +54,34 @@ def machine() -> str:
     )
 
 
+# Both regimes (#46): `JIT_COMPILE=1` compiles every variant's step with XLA
+# (`jit_compile=True`, Keras's default on one GPU and what a TPU runs) and
+# writes the section as `<name>_xla`.
+JIT = os.environ.get("JIT_COMPILE") == "1"
+
+
+def regime() -> str:
+    """`"XLA"` or `"graph"`, for tables and section names."""
+    return "XLA" if JIT else "graph"
+
+
+def section(name: str) -> str:
+    """The section a script writes in this regime."""
+    return f"{name}_xla" if JIT else name
+
+
+def grow_allocator(gib: int = 4) -> None:
+    """Grows TensorFlow's CPU allocator by one `gib` region, never touched,
+    before anything is measured: XLA allocates a step's temporaries as a
+    few large buffers, which a fresh process would place in power-of-two
+    regions (docs/xla.md); grown, each is counted at its own size, as on a
+    GPU, whose allocator takes its memory up front."""
+    import tensorflow as tf
+
+    t = tf.raw_ops.Empty(shape=[gib << 28], dtype=tf.float32, init=False)
+    del t
+
+
 def median(values):
     return statistics.median(values)
 

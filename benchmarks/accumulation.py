@@ -14,7 +14,9 @@ Peak: extra bytes of `CPU:0` (oneDNN allocator) during one training step,
 median of repeats. Throughput: samples/s of `fit` over the same data, median
 of repeats, reported as a ratio to plain fit at B/N.
 
-Run: `python benchmarks/accumulation.py` (writes its section of BENCHMARKS.md).
+Run: `python benchmarks/accumulation.py` (writes its section of BENCHMARKS.md);
+`JIT_COMPILE=1` compiles every variant with XLA (section `accumulation_xla`,
+TensorFlow's CPU allocator grown first, `_report.grow_allocator`).
 """
 
 import os
@@ -126,6 +128,7 @@ def prepare(make, kind, n_samples):
     model.compile(
         keras.optimizers.Adam(1e-4, **opt_kwargs),
         keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        jit_compile=_report.JIT,
     )
     x, y = data(kind, n_samples)
     model.fit(x[: 2 * batch], y[: 2 * batch], batch_size=batch, verbose=0)
@@ -179,6 +182,8 @@ def run_kind(kind, build, batch):
 
 
 def main():
+    if _report.JIT:
+        _report.grow_allocator()
     sections = []
     for kind, build, batch in (
         ("mlp", mlp, 4096),
@@ -216,7 +221,8 @@ def main():
             )
         )
     body = (
-        "## Gradient accumulation (`benchmarks/accumulation.py`)\n\n"
+        "## Gradient accumulation (`benchmarks/accumulation.py`, "
+        f"{_report.regime()})\n\n"
         "Peak: extra CPU:0 bytes during one training step, median of "
         f"{REPEATS}. Throughput: `fit` over 4 batches, median of {ROUNDS} "
         "interleaved rounds, as a ratio to plain fit at the micro-batch "
@@ -224,7 +230,7 @@ def main():
         "latter is less sensitive to other processes on a shared "
         "machine).\n\n" + "\n\n".join(sections)
     )
-    _report.write_section("accumulation", body)
+    _report.write_section(_report.section("accumulation"), body)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,9 @@ tfmemopt per block and "auto", a plain `tf.recompute_grad` wrapper, and
 `keras.RematScope` modes. Peaks are CPU:0 allocator peaks above the
 baseline (oneDNN allocator, TF_ENABLE_ONEDNN_OPTS=1), medians of REPEAT
 steps; wall and CPU times in ROUNDS interleaved rounds (env variables).
-Run: python benchmarks/checkpointing.py
+Run: python benchmarks/checkpointing.py; `JIT_COMPILE=1` compiles every
+variant with XLA (section `checkpointing_xla`, TensorFlow's CPU allocator
+grown first, `_report.grow_allocator`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import _report  # noqa: E402
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -84,7 +87,9 @@ def prepare(build, x, y, batch):
     error's first line."""
     try:
         model = build()
-        model.compile(keras.optimizers.SGD(1e-4), "mse")
+        model.compile(
+            keras.optimizers.SGD(1e-4), "mse", jit_compile=_report.JIT
+        )
         model.fit(x, y, batch_size=batch, epochs=1, verbose=0)
         data = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch)
         iterator = iter(data.repeat())
@@ -191,6 +196,8 @@ def main():
         "CPU ratio",
         "note",
     ]
+    if _report.JIT:
+        _report.grow_allocator()
     load_before = os.getloadavg()
     rng = np.random.RandomState(0)
     x = rng.randn(16, 256, 256).astype("float32")
@@ -228,8 +235,11 @@ def main():
         f"{load_after[0]:.1f} after (2 cores; 2.0 would be this job alone)"
     )
     body = (
-        "## Activation checkpointing (`benchmarks/checkpointing.py`)\n\n"
-        "Graph-mode training step (the train function `fit` runs), default "
+        "## Activation checkpointing (`benchmarks/checkpointing.py`, "
+        f"{_report.regime()})\n\n"
+        "The training step `fit` runs ("
+        + ("compiled with XLA, `jit_compile=True`" if _report.JIT else "graph")
+        + "), default "
         "TensorFlow settings (grappler on, nothing changed by tfmemopt), "
         "SGD. Peak: CPU:0 allocator peak of one `fit` step above what was "
         f"held before, median of {REPEAT}. Step time: {ROUNDS} interleaved "
@@ -245,7 +255,7 @@ def main():
         + table(headers, d_rows)
     )
     print(body, flush=True)  # kept in the log if the file write races
-    write_section("checkpointing", body)
+    write_section(_report.section("checkpointing"), body)
 
 
 if __name__ == "__main__":
