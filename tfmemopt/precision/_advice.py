@@ -124,6 +124,18 @@ def check_precision(model, optimizer=None) -> Findings:
     findings = Findings()
     layers = walk_layers(model)
     outputs = _output_layers(model)
+    findings.extend(_output_and_softmax_findings(layers, outputs))
+    if optimizer is None:
+        optimizer = getattr(model, "optimizer", None)
+    findings.extend(_loss_scaling_findings(layers, optimizer))
+    findings.extend(low_precision_update_findings(model, optimizer))
+    findings.extend(_needless_float32_findings(layers, outputs))
+    return findings
+
+
+def _output_and_softmax_findings(layers, outputs) -> list:
+    """Outputs, softmax and log-softmax computed in 16 bits."""
+    findings = []
     for layer, dtype in outputs.values():
         if dtype in SIXTEEN_BIT:
             findings.append(
@@ -150,15 +162,18 @@ def check_precision(model, optimizer=None) -> Findings:
                     f"keras.layers.Activation('{kind}', dtype='float32')).",
                 )
             )
+    return findings
+
+
+def _loss_scaling_findings(layers, optimizer) -> list:
+    """float16 compute without a loss-scaling optimizer."""
     compute = {layer.compute_dtype for layer in layers}
-    if optimizer is None:
-        optimizer = getattr(model, "optimizer", None)
     if (
         "float16" in compute
         and optimizer is not None
         and not isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
     ):
-        findings.append(
+        return [
             Finding(
                 "no-loss-scaling",
                 "warning",
@@ -169,28 +184,35 @@ def check_precision(model, optimizer=None) -> Findings:
                 "keras.optimizers.LossScaleOptimizer and use its "
                 "scale_loss().",
             )
-        )
-    findings.extend(low_precision_update_findings(model, optimizer))
-    if compute & set(SIXTEEN_BIT):
-        for layer in layers:
-            pinned = layer.dtype_policy.name == "float32"
-            if (
-                pinned
-                and isinstance(layer, _HEAVY)
-                and id(layer) not in outputs
-                and _softmax_of(layer) is None
-            ):
-                findings.append(
-                    Finding(
-                        "needless-float32",
-                        "info",
-                        layer.name,
-                        "pinned to float32 in a mixed-precision model: it "
-                        "runs without tensor cores and keeps float32 "
-                        "activations. Drop dtype='float32' unless it must "
-                        "be exact.",
-                    )
+        ]
+    return []
+
+
+def _needless_float32_findings(layers, outputs) -> list:
+    """Compute-heavy layers pinned to float32 in a mixed model."""
+    compute = {layer.compute_dtype for layer in layers}
+    if not compute & set(SIXTEEN_BIT):
+        return []
+    findings = []
+    for layer in layers:
+        pinned = layer.dtype_policy.name == "float32"
+        if (
+            pinned
+            and isinstance(layer, _HEAVY)
+            and id(layer) not in outputs
+            and _softmax_of(layer) is None
+        ):
+            findings.append(
+                Finding(
+                    "needless-float32",
+                    "info",
+                    layer.name,
+                    "pinned to float32 in a mixed-precision model: it "
+                    "runs without tensor cores and keeps float32 "
+                    "activations. Drop dtype='float32' unless it must "
+                    "be exact.",
                 )
+            )
     return findings
 
 
