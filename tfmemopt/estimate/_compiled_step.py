@@ -200,36 +200,8 @@ def _compile(outer, traced, loss, s, input_shape, sequence_length, notes):
                 tf.nest.pack_sequence_as(structure, list(tensors))
             )
 
-        fn = tf.function(step, jit_compile=True)
-        try:
-            serialized = fn.experimental_get_compiler_ir(*flat)(
-                stage="optimized_hlo_proto_serialized"
-            )
-        except (tf.errors.OpError, ValueError, NotImplementedError) as e:
-            # An op XLA has no kernel for ("Detected unsupported
-            # operations"), a shape XLA cannot take.
-            raise NotCompiled(
-                f"XLA could not compile the step ({type(e).__name__}: "
-                f"{str(e).splitlines()[0][:200]})"
-            ) from e
-        sizes = buffer_sizes(serialized, s.min_counted_bytes)
-
-        def nbytes(v):
-            return counted(_nbytes(tf.TensorSpec(v.shape, v.dtype)), s)
-
-        state = {
-            "parameters": sum(nbytes(v) for v in wrapper.weights),
-            "optimizer_state": sum(
-                nbytes(v) for v in wrapper.optimizer.variables
-            ),
-            "inputs": sum(counted(_nbytes(t), s) for t in flat),
-            # float32 gradients, one per trainable weight: inside XLA's
-            # temporary buffer, reported for the planner's state figure
-            "gradients": sum(
-                counted(4 * math.prod(v.shape), s)
-                for v in wrapper.trainable_weights
-            ),
-        }
+        sizes = buffer_sizes(_optimized_hlo(step, flat), s.min_counted_bytes)
+        state = _state_bytes(wrapper, flat, s)
         if metrics and any(metrics.values()):
             notes.append(
                 "compiled metrics: compiled into the step, as fit runs them"
@@ -249,6 +221,42 @@ def _compile(outer, traced, loss, s, input_shape, sequence_length, notes):
             made += list(getattr(wrapper, "metrics_variables", None) or [])
             made += [v for v in wrapper.variables if id(v) not in kept]
             _release([v for v in made if id(v) not in kept])
+
+
+def _optimized_hlo(step, flat) -> bytes:
+    """XLA's optimized HLO module of `step(*flat)`, serialized; raises
+    `NotCompiled` where XLA cannot compile it."""
+    fn = tf.function(step, jit_compile=True)
+    try:
+        return fn.experimental_get_compiler_ir(*flat)(
+            stage="optimized_hlo_proto_serialized"
+        )
+    except (tf.errors.OpError, ValueError, NotImplementedError) as e:
+        # An op XLA has no kernel for ("Detected unsupported operations"),
+        # a shape XLA cannot take.
+        raise NotCompiled(
+            f"XLA could not compile the step ({type(e).__name__}: "
+            f"{str(e).splitlines()[0][:200]})"
+        ) from e
+
+
+def _state_bytes(wrapper, flat, s) -> dict:
+    """The bytes of the compiled step's weights, optimizer state, inputs
+    and (inside XLA's temporary buffer, for the planner's state figure)
+    float32 gradients, each counted as the estimate counts."""
+
+    def nbytes(v):
+        return counted(_nbytes(tf.TensorSpec(v.shape, v.dtype)), s)
+
+    return {
+        "parameters": sum(nbytes(v) for v in wrapper.weights),
+        "optimizer_state": sum(nbytes(v) for v in wrapper.optimizer.variables),
+        "inputs": sum(counted(_nbytes(t), s) for t in flat),
+        "gradients": sum(
+            counted(4 * math.prod(v.shape), s)
+            for v in wrapper.trainable_weights
+        ),
+    }
 
 
 def _release(variables) -> None:
