@@ -25,8 +25,6 @@ import keras
 import tensorflow as tf
 from keras import ops
 
-from tfmemopt.longseq import head_of
-
 _MEAN_REDUCTIONS = ("sum_over_batch_size", "mean", "mean_with_sample_weight")
 
 
@@ -80,15 +78,16 @@ def _same_rank(x1, x2):
     return x1, x2
 
 
-def evaluate_term(loss_fn, y_true, y_pred, sample_weight):
+def evaluate_term(loss_fn, y_true, y_pred, sample_weight, head=None):
     """`(S, D, dynamic, uses_weight_sum, per_sample)` for one Keras loss.
 
     Mirrors `keras.losses.Loss.__call__` + `reduce_weighted_values`: the
     mask of `y_pred` (and of the unreduced losses) multiplies the sample
     weights; `S` is the sum of `values * weights`; `D` is what Keras would
-    divide by for this micro-batch alone.
+    divide by for this micro-batch alone. `head`: the head that computed
+    `y_pred` under `chunked_loss` (`Forward.head_of`), whose per-token
+    losses are computed in chunks from its input, not from the logits.
     """
-    head = head_of(y_pred)  # chunked_loss: the head's input, not logits
     if head is None and not isinstance(loss_fn, keras.losses.Loss):
         raise UnsupportedLoss(f"not a keras.losses.Loss: {loss_fn!r}")
     if head is not None:
@@ -225,8 +224,10 @@ def _align_targets(compile_loss, y_true, y_pred):
     return y_true, y_pred
 
 
-def compiled_terms(model, y_true, y_pred, sample_weight):
-    """Evaluates every compiled loss term of `model` on one micro-batch.
+def compiled_terms(model, y_true, y_pred, sample_weight, forward=None):
+    """Evaluates every compiled loss term of `model` on one micro-batch
+    (`forward`: the pass's `longseq.Forward`, which says which output a
+    chunked head computed).
 
     Returns:
         A list of `Term`, in the order of Keras's flat losses.
@@ -256,8 +257,9 @@ def compiled_terms(model, y_true, y_pred, sample_weight):
             sw = _resolve(entry.path, sample_weight)
         else:
             sw = sample_weight
+        head = forward.head_of(y_p) if forward is not None else None
         s, d, dynamic, uses_ws, per_sample = evaluate_term(
-            entry.loss, y_t, y_p, sw
+            entry.loss, y_t, y_p, sw, head=head
         )
         weight = 1.0 if entry.loss_weights is None else entry.loss_weights
         terms.append(
@@ -282,7 +284,16 @@ def sample_weight_sums(model, sample_weight):
 
 
 def micro_batch_losses(
-    model, x, y, sw, y_pred, size, batch_global, weight_sums, generic=False
+    model,
+    x,
+    y,
+    sw,
+    y_pred,
+    size,
+    batch_global,
+    weight_sums,
+    generic=False,
+    forward=None,
 ):
     """One micro-batch's share of the window's loss.
 
@@ -299,10 +310,11 @@ def micro_batch_losses(
     terms = []
     if not generic:
         try:
-            terms = compiled_terms(model, y, y_pred, sw)
+            terms = compiled_terms(model, y, y_pred, sw, forward)
         except UnsupportedLoss:
             generic = True
-    if generic and head_of(y_pred) is not None:
+    chunked = forward is not None and forward.head_of(y_pred) is not None
+    if generic and chunked:
         raise ValueError(
             "chunked_loss=True computes the compiled loss in chunks, but "
             "this loss cannot be split into per-token values (a custom "

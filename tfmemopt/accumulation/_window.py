@@ -29,14 +29,16 @@ from tfmemopt.longseq import training_forward
 
 
 def _call(model, x):
-    # With `chunked_loss`, the head marks its output so that the loss is
-    # computed in chunks from its input (tfmemopt.longseq).
+    """`(y_pred, forward)`: the outputs, and the record of the pass
+    (`longseq.Forward`) that says which output a head taken over by
+    `chunked_loss` computed, whose loss is then computed in chunks from the
+    head's input."""
     with training_forward(model) as forward:
         if getattr(model, "_call_has_training_arg", True):
             y_pred = model(x, training=True)
         else:
             y_pred = model(x)
-    return forward.checked(y_pred)
+    return forward.checked(y_pred), forward
 
 
 def _after(acc, value):
@@ -84,7 +86,7 @@ class _Window(WindowAccumulators):
             ]
         return self.weight_sums
 
-    def _losses(self, x, y, sw, y_pred, size, weight_sums=None):
+    def _losses(self, x, y, sw, y_pred, size, forward, weight_sums=None):
         return ln.micro_batch_losses(
             self.model,
             x,
@@ -95,22 +97,27 @@ class _Window(WindowAccumulators):
             self.batch_global,
             weight_sums or self._weight_sums,
             generic=not ln.uses_keras_compute_loss(self.model),
+            forward=forward,
         )
 
     def _n_targets(self, x, y, sw, size):
         """Separate gradients a micro-step takes (see `ln.count_targets`)."""
         if self.spec is not None:
             return int(self.spec.has_static) + len(self.spec.dynamic)
-        return ln.count_targets(
-            lambda: self._losses(
+
+        def losses():
+            y_pred, forward = _call(self.model, x)
+            return self._losses(
                 x,
                 y,
                 sw,
-                _call(self.model, x),
+                y_pred,
                 size,
+                forward,
                 lambda: ln.sample_weight_sums(self.model, sw),
             )
-        )
+
+        return ln.count_targets(losses)
 
     def micro_step(self, start, size):
         model = self.model
@@ -120,7 +127,7 @@ class _Window(WindowAccumulators):
         optimizer = model.optimizer
         persistent = self._n_targets(x, y, sw, size) != 1
         with tf.GradientTape(persistent=persistent) as tape:
-            y_pred = _call(model, x)
+            y_pred, forward = _call(model, x)
             if self.variables is None:
                 self.variables = list(model.trainable_variables)
                 if not self.variables:
@@ -130,7 +137,7 @@ class _Window(WindowAccumulators):
                         "model's layers."
                     )
             static, dyn_num, dyn_norm, terms, generic = self._losses(
-                x, y, sw, y_pred, size
+                x, y, sw, y_pred, size, forward
             )
             targets = []
             if static is not None:

@@ -5,7 +5,7 @@ long-sequence options on (`enable_long_sequences`, on the traced model for
 the trace and undone after, when the options are asked of a model that
 does not have them), every taken-over `MultiHeadAttention` computes
 attention in query blocks inside a custom gradient, and the loss is
-computed from the head's input in chunks (`head_of`), so the logits are
+computed from the head's input in chunks (`Forward.head_of`), so the logits are
 never formed. What the graph keeps is then what those functions keep.
 
 Two terms of the breakdown (`MemoryEstimate.terms`) name what the options

@@ -139,7 +139,7 @@ def trace_step(
             are from that run).
         owner: optional model whose long-sequence options
             (`enable_long_sequences`) apply: its chunked loss is traced
-            from the head's input (`head_of`), as `tfmemopt.Model`'s step
+            from the head's input (`Forward.head_of`), as `tfmemopt.Model`'s step
             computes it.
         decay: optional callable: the model's trainable variables -> the
             bytes, per variable, that its weight decay copies while the

@@ -20,7 +20,6 @@ from tfmemopt.estimate._input_specs import input_specs
 from tfmemopt.estimate._metric_updates import has_metrics
 from tfmemopt.estimate._metric_updates import metric_updates
 from tfmemopt.estimate._while_loops import while_loop_sizes
-from tfmemopt.longseq import head_of
 from tfmemopt.longseq import report_of
 from tfmemopt.longseq import training_forward
 
@@ -100,12 +99,12 @@ def _traced_step(
     mark = {}
 
     def step(x, y):
-        with tf.GradientTape() as tape, training_forward(owner):
+        with tf.GradientTape() as tape, training_forward(owner) as forward:
             pred = model(_as_call_arg(x), training=True)
             preds = pred if isinstance(pred, (list, tuple)) else [pred]
             loss = 0.0
             for p, t in zip(preds, y):
-                head = head_of(p) if owner is not None else None
+                head = forward.head_of(p) if owner is not None else None
                 if head is None:
                     loss = loss + loss_fn(t, p)
                 else:  # the chunked loss, from the head's input

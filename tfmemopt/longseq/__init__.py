@@ -17,8 +17,8 @@ from tfmemopt.longseq._enable import check_options as check_options
 from tfmemopt.longseq._enable import disable_long_sequences
 from tfmemopt.longseq._enable import enable_long_sequences
 from tfmemopt.longseq._enable import report_of as report_of
+from tfmemopt.longseq._head import Forward as Forward
 from tfmemopt.longseq._head import head_candidates as head_candidates
-from tfmemopt.longseq._head import head_of as head_of
 from tfmemopt.longseq._head import training_forward as training_forward
 from tfmemopt.longseq._hub_attention import is_hub_attention as is_hub_attention
 from tfmemopt.longseq._linear_cross_entropy import linear_cross_entropy

@@ -2,9 +2,9 @@
 
 Nothing in the user's model is edited: the candidate heads (`Dense`, and
 `ReversibleEmbedding` called with `reverse=True`) get an instance-level
-`call` that, only inside `training_forward(owner)`, marks its output with
-the head's input and weights. The training loss (`head_of`, read by
-tfmemopt's window-exact losses) then computes the per-token cross-entropy
+`call` that, only inside `training_forward(owner)`, records in that pass's
+`Forward` which output it computed and from what input. The training loss
+(`Forward.head_of`, handed to tfmemopt's window-exact losses) then computes the per-token cross-entropy
 from those with `linear_cross_entropy`, so the full logits the layer also
 returned have no consumer in the training graph and are never computed.
 `predict`, `evaluate` and every call outside training are untouched

@@ -1,8 +1,9 @@
 """The language-model head taken over (`chunked_loss=True`): which layers
 may be the head, why one cannot be chunked exactly, and its instance-level
-`call` that, only inside `training_forward(owner)`, marks its output with
-the head's input and weights (`head_of`), from which the per-token
-cross-entropy is computed in chunks (`linear_cross_entropy`)."""
+`call` that, only inside `training_forward(owner)`, records in that pass's
+`Forward` the output it computed and the head's input (`Forward.head_of`),
+from which the per-token cross-entropy is computed in chunks
+(`linear_cross_entropy`). Nothing is attached to the tensors."""
 
 from __future__ import annotations
 
@@ -46,9 +47,6 @@ def restore_instances(state) -> None:
             layer.__dict__.pop(name, None)
         else:
             set_untracked(layer, name, previous)
-
-
-_TAG = "_tfmemopt_head_call"
 
 
 _local = threading.local()
@@ -223,23 +221,35 @@ def _outside(labels, vocabulary: int, ignore=None):
     return bad
 
 
-def head_of(y_pred):
-    """The `_HeadCall` that produced `y_pred` in a training pass, or None."""
-    if isinstance(y_pred, (list, tuple, dict)):
-        return None
-    return getattr(y_pred, _TAG, None)
+class Forward:
+    """One training forward pass (`training_forward`): which of its outputs
+    a taken-over head computed, and from what input.
 
+    The loss path reads it explicitly: `forward.head_of(y_pred)` is the
+    `_HeadCall` that produced `y_pred` (its loss is then computed in chunks
+    from the head's input), or None (Keras's compiled loss on `y_pred`).
+    Nothing is attached to the tensors themselves.
+    """
 
-class _Forward:
     def __init__(self, state):
         self.state = state
+        self.heads = {}  # output tensor's ref -> _HeadCall
+
+    def head_of(self, y_pred):
+        """The `_HeadCall` that produced `y_pred` in this pass, or None."""
+        if self.state is None or isinstance(y_pred, (list, tuple, dict)):
+            return None
+        try:
+            return self.heads.get(y_pred.ref())
+        except (AttributeError, TypeError):  # not a tensor
+            return None
 
     def checked(self, y_pred):
         """`y_pred`, after checking the loss can be chunked on it."""
         if self.state is None or not self.state.report.chunked_loss:
             return y_pred
         leaves = tf.nest.flatten(y_pred)
-        if any(head_of(t) is not None for t in leaves):
+        if any(self.head_of(t) is not None for t in leaves):
             return y_pred
         names = ", ".join(self.state.report.head_candidates) or "none"
         # A quantized or LoRA head computes its output on its own path: say
@@ -267,14 +277,15 @@ def training_forward(owner):
     """Within it, the heads of `owner` mark their outputs (training only)."""
     state = getattr(owner, _STATE, None)
     if state is None or not state.report.chunked_loss:
-        yield _Forward(None)
+        yield Forward(None)
         return
-    previous = getattr(_local, "active", None)
-    _local.active = state
+    previous = getattr(_local, "active", None), getattr(_local, "forward", None)
+    forward = Forward(state)
+    _local.active, _local.forward = state, forward
     try:
-        yield _Forward(state)
+        yield forward
     finally:
-        _local.active = previous
+        _local.active, _local.forward = previous
 
 
 def _patch_head(state, layer):
@@ -290,7 +301,7 @@ def _patch_head(state, layer):
                 return out
         inputs = args[0] if args else kwargs.get("inputs")
         if isinstance(out, tf.Tensor) and isinstance(inputs, tf.Tensor):
-            setattr(out, _TAG, _HeadCall(state, layer, inputs))
+            _local.forward.heads[out.ref()] = _HeadCall(state, layer, inputs)
         return out
 
     replace_on_instance(state, layer, "call", call)
