@@ -23,7 +23,9 @@ interleaved rounds of one step each, the median per variant. Ratios are to
 plain Keras and to the plain wrap of the same size.
 
 Run: `python benchmarks/long_sequences.py` (writes its section of
-BENCHMARKS.md); `--cell KIND VARIANT T` runs one cell and prints JSON.
+BENCHMARKS.md); `--cell KIND VARIANT T` runs one cell and prints JSON
+(`JIT_COMPILE=1` under XLA, `TFMEMOPT_BENCH_GROWN=1` with TensorFlow's CPU
+allocator grown first, as a GPU's allocator counts).
 
 keras-hub's open-LLM families (Llama, Mistral, Qwen2, Phi-3, Gemma; #48):
 `python benchmarks/long_sequences.py --families` runs
@@ -106,6 +108,12 @@ def build(kind, variant, seq_len):
 
     import tfmemopt
 
+    if os.environ.get("TFMEMOPT_BENCH_GROWN") == "1":
+        # XLA's few large buffers counted at their own sizes, as a GPU's
+        # allocator counts them (docs/xla.md, _report.grow_allocator).
+        import _report
+
+        _report.grow_allocator()
     model, x, y = (gpt2 if kind == "gpt2" else stack)(seq_len)
     options = VARIANTS[variant]
     if options is not None:
