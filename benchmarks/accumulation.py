@@ -37,8 +37,8 @@ import _report  # noqa: E402
 import tfmemopt  # noqa: E402
 
 N = 8
-REPEATS = 3
-ROUNDS = 8
+REPEATS = int(os.environ.get("REPEATS", "3"))
+ROUNDS = int(os.environ.get("ROUNDS", "8"))
 
 
 def mlp(cls, **kwargs):
