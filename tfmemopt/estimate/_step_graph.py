@@ -139,8 +139,8 @@ def trace_step(
             are from that run).
         owner: optional model whose long-sequence options
             (`enable_long_sequences`) apply: its chunked loss is traced
-            from the head's input (`Forward.head_of`), as `tfmemopt.Model`'s step
-            computes it.
+            from the head's input (`Forward.head_of`), as
+            `tfmemopt.Model`'s step computes it.
         decay: optional callable: the model's trainable variables -> the
             bytes, per variable, that its weight decay copies while the
             step reads the weight (`_update.decayed_early`; 0: none).
