@@ -5,8 +5,9 @@ Nothing in the user's model is edited: the candidate heads (`Dense`, and
 `call` that, only inside `training_forward(owner)`, records in that pass's
 `Forward` which output it computed and from what input. The training loss
 (`Forward.head_of`, handed to tfmemopt's window-exact losses) then
-computes the per-token cross-entropy from those with `linear_cross_entropy`, so the full logits the layer also
-returned have no consumer in the training graph and are never computed.
+computes the per-token cross-entropy from those with
+`linear_cross_entropy`, so the full logits the layer also returned have
+no consumer in the training graph and are never computed.
 `predict`, `evaluate` and every call outside training are untouched
 (the head: `_head.py`).
 
