@@ -32,11 +32,10 @@ CELLS = {
     "both": {"accumulation_steps": 4, "checkpointing": "auto"},
 }
 
-_CELL = """
-import json, statistics, sys, time, warnings
-warnings.filterwarnings("ignore")
-import numpy as np, keras, tfmemopt
-options = json.loads(sys.argv[1])
+# The issue's transformer, built and compiled from `options` (tfmemopt.Model's
+# keyword arguments; {} for plain Keras) and `jit`: `model`, `x`, `y`.
+# benchmarks/xla_memory.py builds the same one.
+BUILD = """
 T, D, B = 256, 256, 16
 keras.utils.set_random_seed(0)
 inputs = keras.Input((T, D))
@@ -51,10 +50,21 @@ model = (tfmemopt.Model(inputs, outputs, **options) if options
          else keras.Model(inputs, outputs))
 model.compile("adam",
               keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-              jit_compile=True)
+              jit_compile=jit)
 rng = np.random.default_rng(0)
 x = rng.normal(size=(B, T, D)).astype("float32")
 y = rng.integers(0, 4, size=(B,)).astype("int32")
+"""
+
+_CELL = (
+    """
+import json, statistics, sys, time, warnings
+warnings.filterwarnings("ignore")
+import numpy as np, keras, tfmemopt
+options, jit = json.loads(sys.argv[1]), True
+"""
+    + BUILD
+    + """
 start = time.perf_counter()
 model.train_on_batch(x, y)
 first = time.perf_counter() - start
@@ -65,6 +75,7 @@ for _ in range(5):
     steps.append(time.perf_counter() - start)
 print("@@" + json.dumps([first, statistics.median(steps)]))
 """
+)
 
 
 def cell(options):

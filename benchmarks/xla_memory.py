@@ -30,6 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _report import fresh_process  # noqa: E402
 from _report import table  # noqa: E402
 from _report import write_section  # noqa: E402
+from xla_first_fit import BUILD  # noqa: E402
 
 CELLS = {
     "plain Keras": {},
@@ -47,7 +48,8 @@ REGIMES = {
     "XLA, allocator grown": (True, True),
 }
 
-_CELL = """
+_CELL = (
+    """
 import json, statistics, sys, warnings
 warnings.filterwarnings("ignore")
 import numpy as np, keras, tensorflow as tf, tfmemopt
@@ -56,29 +58,15 @@ options, jit, grown = json.loads(sys.argv[1])
 if grown:
     t = tf.raw_ops.Empty(shape=[1 << 30], dtype=tf.float32, init=False)
     del t
-T, D, B = 256, 256, 16
-keras.utils.set_random_seed(0)
-inputs = keras.Input((T, D))
-h = inputs
-for i in range(4):
-    a = keras.layers.MultiHeadAttention(2, D // 2)(h, h)
-    h = keras.layers.LayerNormalization()(h + a)
-    f = keras.layers.Dense(2 * D, activation="relu")(h)
-    h = keras.layers.LayerNormalization()(h + keras.layers.Dense(D)(f))
-outputs = keras.layers.Dense(4)(keras.layers.GlobalAveragePooling1D()(h))
-model = (tfmemopt.Model(inputs, outputs, **options) if options
-         else keras.Model(inputs, outputs))
-model.compile("adam",
-              keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-              jit_compile=jit)
-rng = np.random.default_rng(0)
-x = rng.normal(size=(B, T, D)).astype("float32")
-y = rng.integers(0, 4, size=(B,)).astype("int32")
+"""
+    + BUILD
+    + """
 model.train_on_batch(x, y)
 peaks = [measure_peak(lambda: model.train_on_batch(x, y))[0]
          for _ in range(3)]
 print("@@" + json.dumps(statistics.median(peaks)))
 """
+)
 
 
 def cell(options, jit, grown):
