@@ -202,3 +202,66 @@ def test_one_helper_sets_attributes_past_keras_tracking():
         )
     ]
     assert found == []
+
+
+def _modules_run_by_one_step(model, x, y, monkeypatch):
+    """The tfmemopt modules whose functions run while `train_step` is
+    traced (the batch's path, without `fit`'s own hooks)."""
+    import tfmemopt.accumulation._model as model_module
+
+    seen = set()
+    original = model_module.Model.train_step
+
+    def profile(frame, event, arg):
+        if event == "call":
+            name = frame.f_globals.get("__name__", "")
+            if name == "tfmemopt" or name.startswith("tfmemopt."):
+                seen.add(name)
+
+    def traced(self, data):
+        sys.setprofile(profile)
+        try:
+            return original(self, data)
+        finally:
+            sys.setprofile(None)
+
+    monkeypatch.setattr(model_module.Model, "train_step", traced)
+    model.fit(x, y, batch_size=len(x), epochs=1, verbose=0)
+    return seen
+
+
+def test_one_step_runs_through_at_most_8_modules(monkeypatch):
+    """A newcomer follows one batch through at most 8 modules, the ones
+    docs/architecture.md lists ("One training step")."""
+    import keras
+    import numpy as np
+
+    import tfmemopt
+
+    inputs = keras.Input((8,))
+    hidden = keras.layers.Dense(16, activation="relu")(inputs)
+    model = tfmemopt.Model(
+        inputs, keras.layers.Dense(3)(hidden), accumulation_steps=2
+    )
+    model.compile(
+        keras.optimizers.Adam(1e-3),
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    x = np.random.default_rng(0).normal(size=(8, 8)).astype("float32")
+    y = np.arange(8) % 3
+    seen = _modules_run_by_one_step(model, x, y, monkeypatch)
+    documented = {
+        "tfmemopt._compat",
+        "tfmemopt.accumulation._model",
+        "tfmemopt.accumulation._micro_batching",
+        "tfmemopt.accumulation._window",
+        "tfmemopt.accumulation._window_accumulators",
+        "tfmemopt.accumulation._loss_normalization",
+        "tfmemopt.distribute.step_hooks",
+        "tfmemopt.distribute._gradients",
+    }
+    assert seen == documented, sorted(seen ^ documented)
+    assert len(seen) <= 8
+    doc = (pathlib.Path(ROOT) / "docs" / "architecture.md").read_text()
+    for name in documented:
+        assert f"`{name.rsplit('.', 1)[-1]}`" in doc, name

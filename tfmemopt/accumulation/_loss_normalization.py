@@ -20,6 +20,7 @@ gradient is accumulated unnormalised and divided once at the end.
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import keras
 import tensorflow as tf
@@ -283,53 +284,120 @@ def sample_weight_sums(model, sample_weight):
     return sums
 
 
-def micro_batch_losses(
-    model,
-    x,
-    y,
-    sw,
-    y_pred,
-    size,
-    batch_global,
-    weight_sums,
-    generic=False,
-    forward=None,
-):
+class MicroLoss(NamedTuple):
     """One micro-batch's share of the window's loss.
 
-    `weight_sums()` gives the whole batch's weight sum per term (called only
-    for static `"mean_with_sample_weight"` terms).
+    `static` is the part whose normaliser is known (already divided by the
+    window's normaliser), or None; each dynamic (masked) term contributes
+    its numerator (`dyn_num`), divided once the window's normalisers
+    (`dyn_norm`, summed over micro-batches) are known. `terms` are the
+    compiled terms (for the per-output loss logs); `generic` says the loss
+    was the model's `compute_loss`, not split into terms."""
 
-    Returns:
-        `(static, dyn_numerators, dyn_normalisers, terms, generic)`: `static`
-        is the part whose normaliser is known (already divided by the
-        window's normaliser, or `None`); each dynamic term contributes its
-        numerator, divided once the window's normaliser is known.
+    static: object
+    dyn_num: list
+    dyn_norm: list
+    terms: list
+    generic: bool
+
+
+class WindowLoss:
+    """The loss a micro-step computes, as its share of the window's loss.
+
+    Chosen once for a model when `fit` starts (`window_loss`), as Keras's
+    `train_step` calls `self.compute_loss`: the micro-step calls it on its
+    micro-batch, `loss(x, y, sw, y_pred, size, batch_global, weight_sums,
+    forward)`, and gets a `MicroLoss`. `size` is the micro-batch's
+    number of samples, `batch_global` the whole batch's over all replicas,
+    `weight_sums()` the whole batch's sample-weight sum per term (called
+    only for static `"mean_with_sample_weight"` terms), `forward` the
+    forward pass's `longseq.Forward` record where `needs_forward`.
     """
-    frac = tf.cast(size, tf.float32) / batch_global
-    terms = []
-    if not generic:
+
+    # Whether the forward pass must record which output a taken-over head
+    # computed (`longseq.training_forward`): only for `chunked_loss`.
+    needs_forward = False
+
+    def __init__(self, model):
+        self.model = model
+
+    def __call__(self, x, y, sw, y_pred, size, batch_global, weight_sums,
+                 forward=None) -> MicroLoss:  # fmt: skip
+        raise NotImplementedError
+
+
+class ComputeLoss(WindowLoss):
+    """The model's own `compute_loss` (a subclass overrides it, or its
+    compiled loss cannot be split into terms), weighted by the
+    micro-batch's share of the batch: exact for per-sample means. Keras's
+    value already carries 1/replicas."""
+
+    def __call__(self, x, y, sw, y_pred, size, batch_global, weight_sums,
+                 forward=None) -> MicroLoss:  # fmt: skip
+        frac = tf.cast(size, tf.float32) / batch_global
+        loss = self.model.compute_loss(x, y, y_pred, sw, training=True)
+        loss = tf.cast(loss, tf.float32) * frac * num_replicas()
+        return MicroLoss(loss, [], [], [], True)
+
+
+class CompiledLoss(WindowLoss):
+    """Keras's compiled loss, each term a sum and its normaliser, so that
+    the window's loss is exactly the whole batch's (module docstring). A
+    loss that cannot be split (`UnsupportedLoss`: not a `keras.losses.Loss`,
+    `reduction=None`, targets that do not match the outputs; known only
+    once the outputs are traced) is computed as `ComputeLoss` does."""
+
+    def __call__(self, x, y, sw, y_pred, size, batch_global, weight_sums,
+                 forward=None) -> MicroLoss:  # fmt: skip
+        model = self.model
+        if not uses_keras_compute_loss(model):
+            return self._unsplit(x, y, sw, y_pred, size, batch_global, forward)
         try:
             terms = compiled_terms(model, y, y_pred, sw, forward)
         except UnsupportedLoss:
-            generic = True
-    chunked = forward is not None and forward.head_of(y_pred) is not None
-    if generic and chunked:
-        raise ValueError(
-            "chunked_loss=True computes the compiled loss in chunks, but "
-            "this loss cannot be split into per-token values (a custom "
-            "`compute_loss`, a loss with reduction=None, or targets that do "
-            "not match the outputs), so the full logits would be needed. "
-            "Compile with keras.losses.SparseCategoricalCrossentropy("
-            "from_logits=True), or construct the model without "
-            "chunked_loss."
-        )
-    if generic:
-        # A custom `compute_loss`: weighted by micro-batch size (exact for
-        # per-sample means). Keras's value already carries 1/replicas.
-        loss = model.compute_loss(x, y, y_pred, sw, training=True)
-        loss = tf.cast(loss, tf.float32) * frac * num_replicas()
-        return loss, [], [], [], True
+            return self._unsplit(x, y, sw, y_pred, size, batch_global, forward)
+        frac = tf.cast(size, tf.float32) / batch_global
+        return _window_shares(model, terms, size, frac, weight_sums)
+
+    def _unsplit(self, x, y, sw, y_pred, size, batch_global, forward):
+        return ComputeLoss(self.model)(x, y, sw, y_pred, size, batch_global,
+                                       None)  # fmt: skip
+
+
+class ChunkedLoss(CompiledLoss):
+    """`chunked_loss=True`: the compiled terms, where the per-token losses
+    of the output a taken-over head computed come in chunks from the head's
+    input (`forward.head_of`), never from the logits."""
+
+    needs_forward = True
+
+    def _unsplit(self, x, y, sw, y_pred, size, batch_global, forward):
+        if forward is not None and forward.head_of(y_pred) is not None:
+            raise ValueError(
+                "chunked_loss=True computes the compiled loss in chunks, "
+                "but this loss cannot be split into per-token values (a "
+                "custom `compute_loss`, a loss with reduction=None, or "
+                "targets that do not match the outputs), so the full logits "
+                "would be needed. Compile with keras.losses."
+                "SparseCategoricalCrossentropy(from_logits=True), or "
+                "construct the model without chunked_loss."
+            )
+        return super()._unsplit(x, y, sw, y_pred, size, batch_global, forward)
+
+
+def window_loss(model, chunked: bool) -> WindowLoss:
+    """The loss `model`'s micro-steps compute (`chunked`: its head is taken
+    over by `chunked_loss`)."""
+    if chunked:
+        return ChunkedLoss(model)
+    if uses_keras_compute_loss(model):
+        return CompiledLoss(model)
+    return ComputeLoss(model)
+
+
+def _window_shares(model, terms, size, frac, weight_sums) -> MicroLoss:
+    """The compiled terms as shares of the window's loss: static terms
+    divided by their window normaliser now, dynamic ones left as sums."""
     static = []
     extra = [additional_loss(v, size, frac) for v in model.losses]
     if extra:
@@ -351,7 +419,7 @@ def micro_batch_losses(
         )
     static_loss = ops.sum(ops.stack(static)) if static else None
     dyn = [t for t in terms if t.dynamic]
-    return (
+    return MicroLoss(
         static_loss,
         [t.numerator for t in dyn],
         [t.normaliser for t in dyn],
@@ -405,9 +473,9 @@ def uses_keras_compute_loss(model):
 def count_targets(losses):
     """How many separate gradients one micro-step takes (`None`: unknown).
 
-    `losses()` runs the forward pass and returns `micro_batch_losses`'s
-    tuple. The static part of the loss is one target; each masked
-    (dynamic) term is another, since it is normalised over the whole window
+    `losses()` runs the forward pass and returns its `MicroLoss`. The
+    static part of the loss is one target; each masked (dynamic) term is
+    another, since it is normalised over the whole window
     only once the window is done. One target (the common case) lets the
     caller use a non-persistent tape: a persistent one, or even a second
     tape open during the forward pass, makes TensorFlow keep every

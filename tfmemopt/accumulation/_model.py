@@ -19,6 +19,7 @@ from tfmemopt._utils import check_int
 from tfmemopt._utils import keyword_options
 from tfmemopt.accumulation import _adapters as adapters
 from tfmemopt.accumulation import _fit_hooks
+from tfmemopt.accumulation import _loss_normalization as ln
 from tfmemopt.accumulation import _model_saving as saving
 from tfmemopt.accumulation import _window
 from tfmemopt.accumulation._build_from_data import build_for_options
@@ -359,22 +360,35 @@ class Model(_dist.FitFixes, keras.Model):
         longseq.check_compiled(self, self._long_sequences[0])
         if self._checkpointing_policy is not None and self.built:
             self._ensure_checkpointing()
+        self._choose_loss()
         # The OOM report (tfmemopt.tuning) registers here: see _fit_hooks.
         with _fit_hooks.around_fit(self, args, kwargs):
             return super().fit(*args, **kwargs)
 
     def train_on_batch(self, *args, **kwargs):
         self._check_own_train_step()
+        self._choose_loss()
         return super().train_on_batch(*args, **kwargs)
+
+    def _choose_loss(self) -> ln.WindowLoss:
+        """The loss the micro-steps compute, chosen when `fit` starts:
+        Keras's compiled loss split into window-exact terms, the model's
+        own `compute_loss`, or the chunked head's (`chunked_loss`)."""
+        report = longseq.report_of(self)
+        loss = ln.window_loss(self, report is not None and report.chunked_loss)
+        self._window_loss = loss
+        return loss
 
     def train_step(self, data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        batch = static_batch_size(x)
         plan = plan_micro_batches(
-            batch, self._accumulation_steps, self._micro_batch_size
-        )
-        logs = _window.run_window(self, x, y, sample_weight, plan)
-        return _dist.step_logs(logs)
+            static_batch_size(x), self._accumulation_steps,
+            self._micro_batch_size,
+        )  # fmt: skip
+        # `train_step` called on its own (not from `fit`) chooses here.
+        loss = getattr(self, "_window_loss", None) or self._choose_loss()
+        logs = _window.run_window(self, x, y, sample_weight, plan, loss)
+        return _dist.step_logs(logs, self)
 
     # -- saving (the SeedGenerator states and LoRA factors too:
     # _model_saving, _adapters) -------------------------------------------

@@ -28,17 +28,22 @@ from tfmemopt.distribute import step_hooks as _dist
 from tfmemopt.longseq import training_forward
 
 
-def _call(model, x):
-    """`(y_pred, forward)`: the outputs, and the record of the pass
-    (`longseq.Forward`) that says which output a head taken over by
-    `chunked_loss` computed, whose loss is then computed in chunks from the
-    head's input."""
+def _call(model, x, loss):
+    """`(y_pred, forward)`: the outputs, and where `loss.needs_forward`
+    (`chunked_loss`) the record of the pass (`longseq.Forward`) that says
+    which output the taken-over head computed (its loss then comes in
+    chunks from the head's input); None otherwise."""
+    if not loss.needs_forward:
+        return _forward_pass(model, x), None
     with training_forward(model) as forward:
-        if getattr(model, "_call_has_training_arg", True):
-            y_pred = model(x, training=True)
-        else:
-            y_pred = model(x)
+        y_pred = _forward_pass(model, x)
     return forward.checked(y_pred), forward
+
+
+def _forward_pass(model, x):
+    if getattr(model, "_call_has_training_arg", True):
+        return model(x, training=True)
+    return model(x)
 
 
 def _after(acc, value):
@@ -63,10 +68,11 @@ def _after(acc, value):
 
 
 class _Window(WindowAccumulators):
-    def __init__(self, model, x, y, sample_weight, plan):
+    def __init__(self, model, x, y, sample_weight, plan, loss):
         self.model = model
         self.x, self.y, self.sw = x, y, sample_weight
         self.plan = plan
+        self.loss = loss  # an `ln.WindowLoss`, chosen when `fit` started
         # Read after the first forward pass: a subclassed model creates its
         # variables on its first call, inside this very trace.
         self.variables = None
@@ -86,36 +92,16 @@ class _Window(WindowAccumulators):
             ]
         return self.weight_sums
 
-    def _losses(self, x, y, sw, y_pred, size, forward, weight_sums=None):
-        return ln.micro_batch_losses(
-            self.model,
-            x,
-            y,
-            sw,
-            y_pred,
-            size,
-            self.batch_global,
-            weight_sums or self._weight_sums,
-            generic=not ln.uses_keras_compute_loss(self.model),
-            forward=forward,
-        )
-
     def _n_targets(self, x, y, sw, size):
         """Separate gradients a micro-step takes (see `ln.count_targets`)."""
         if self.spec is not None:
             return int(self.spec.has_static) + len(self.spec.dynamic)
 
         def losses():
-            y_pred, forward = _call(self.model, x)
-            return self._losses(
-                x,
-                y,
-                sw,
-                y_pred,
-                size,
-                forward,
-                lambda: ln.sample_weight_sums(self.model, sw),
-            )
+            y_pred, forward = _call(self.model, x, self.loss)
+            weight_sums = lambda: ln.sample_weight_sums(self.model, sw)  # noqa: E731
+            return self.loss(x, y, sw, y_pred, size, self.batch_global,
+                             weight_sums, forward)  # fmt: skip
 
         return ln.count_targets(losses)
 
@@ -127,7 +113,7 @@ class _Window(WindowAccumulators):
         optimizer = model.optimizer
         persistent = self._n_targets(x, y, sw, size) != 1
         with tf.GradientTape(persistent=persistent) as tape:
-            y_pred, forward = _call(model, x)
+            y_pred, forward = _call(model, x, self.loss)
             if self.variables is None:
                 self.variables = list(model.trainable_variables)
                 if not self.variables:
@@ -136,9 +122,10 @@ class _Window(WindowAccumulators):
                         "to accumulate. Check `layer.trainable` on the "
                         "model's layers."
                     )
-            static, dyn_num, dyn_norm, terms, generic = self._losses(
-                x, y, sw, y_pred, size, forward
-            )
+            static, dyn_num, dyn_norm, terms, generic = self.loss(
+                x, y, sw, y_pred, size, self.batch_global,
+                self._weight_sums, forward,
+            )  # fmt: skip
             targets = []
             if static is not None:
                 targets.append(optimizer.scale_loss(static))
@@ -356,7 +343,11 @@ class _Window(WindowAccumulators):
                 )
                 grads_and_vars.append((grad, v))
         if grads_and_vars:
-            grads_and_vars = _dist.before_apply(grads_and_vars, model.optimizer)
+            grads_and_vars = _dist.before_apply(
+                grads_and_vars,
+                model.optimizer,
+                sharded=getattr(model, "_shards", None) is not None,
+            )
             model.optimizer.apply_gradients(grads_and_vars)
         return self._log(acc, dyn_norm, weights)
 
@@ -398,6 +389,7 @@ def _zero_if_empty(acc, size):
     )
 
 
-def run_window(model, x, y, sample_weight, plan):
-    """Runs one accumulation window and applies one update."""
-    return _Window(model, x, y, sample_weight, plan).run()
+def run_window(model, x, y, sample_weight, plan, loss):
+    """Runs one accumulation window and applies one update (`loss`: the
+    `WindowLoss` the micro-steps compute)."""
+    return _Window(model, x, y, sample_weight, plan, loss).run()

@@ -240,11 +240,6 @@ def _convert(value, dtype=None, name=None, as_ref=False):
 tf.register_tensor_conversion_function(ShardedValue, _convert)
 
 
-def is_shard(variable) -> bool:
-    """Whether `variable` is a shard made by `shard_model`."""
-    return getattr(variable, "_tfmemopt_shard_of", None) is not None
-
-
 def clip_shards(grads, optimizer):
     """Clips each replica's part of the summed gradients as one device would.
 
@@ -348,7 +343,6 @@ def shard_model(model, optimizer) -> ShardSet | None:
                 )
             write_parts(components(shard), layout, whole, replica_ids)
             shard.whole_shape = shape
-            shard._tfmemopt_shard_of = w
             _compat.replace_storage(
                 w, ShardedValue(shard, layout, strategy, w.path)
             )

@@ -108,6 +108,8 @@ class MultiWorkerFitFixes:
         if self.train_function is not None and not force:
             return self.train_function
         strategy = self.distribute_strategy
+        # Read by `step_hooks.step_logs` in `train_step`.
+        self._multi_worker_logs = in_multi_worker_mode(strategy)
         if runs_steps_inline(strategy, self):
             self.train_function = make_multi_step_function(
                 self, self.train_step, in_multi_worker_mode(strategy)

@@ -11,6 +11,7 @@ import functools
 
 import tensorflow as tf
 
+from tfmemopt import _compat
 from tfmemopt.optimizers import _common
 from tfmemopt.optimizers import _quantization as q
 
@@ -89,8 +90,7 @@ def compiled_pieces(hyper, piece: int, pieces: int, in_place: bool = False):
 
     def dus(input, update, indices):
         # a dynamic-update-slice: XLA writes the loop's buffer in place
-        at = (tf.range(update.shape[0]) + indices[0])[:, None]
-        return tf.tensor_scatter_nd_update(input, at, update)
+        return _compat.dynamic_update_slice(input, update, list(indices))
 
     def step(g, codes, absmax, alpha):
         size = int(g.shape[0])
