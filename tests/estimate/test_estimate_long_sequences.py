@@ -206,3 +206,63 @@ def test_logits_are_what_the_head_and_the_loss_keep():
     est = tfmemopt.estimate_memory(net, 64)
     assert est.terms["logits"] <= 2 * logits, est.terms
     assert est.activations > 100 * logits
+
+
+def test_plan_takes_the_chunked_loss_where_it_is_faster_than_recompute():
+    # Checkpointing fits and so does the chunked loss: the chunked loss
+    # costs less step time (x1.15 against x1.33, docs/batch_size.md), so
+    # the plan takes it although something fitted without it (#47).
+    import inspect
+
+    margin = inspect.signature(tfmemopt.plan).parameters["margin"].default
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((64,), dtype="int32")
+    h = keras.layers.Embedding(4096, 256)(inputs)
+    for _ in range(4):  # activations checkpointing can drop
+        inner = keras.layers.Dense(256, activation="gelu")(h)
+        h = h + keras.layers.Dense(256, activation="gelu")(inner)
+    model = keras.Model(inputs, keras.layers.Dense(4096)(h))
+    model.compile(
+        "adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    )
+    plain = tfmemopt.estimate_memory(model, 8)
+    ckpt = tfmemopt.estimate_memory(model, 8, checkpointing="auto")
+    loss = tfmemopt.estimate_memory(model, 8, chunked_loss=True)
+    budget = int(max(ckpt.total, loss.total) * 1.02 / (1 - margin))
+    assert plain.total > budget * (1 - margin)  # the plain step does not fit
+    p = tfmemopt.plan(
+        model, 8, budget, allow=("checkpointing", "long_sequences")
+    )
+    assert p.chunked_loss and p.checkpointing is None, p
+    assert p.relative_step_time < 1.33
+    # What it traded: the next fastest that fits, checkpointing.
+    assert "the next fastest that fits 1.33x" in p.why, p.why
+    assert "checkpointing 'auto'" in p.why, p.why
+
+
+def test_plan_combines_a_smaller_state_with_the_chunked_loss():
+    # Neither the 8-bit state nor the chunked loss fits alone; together
+    # they do (the recipe of a long-context fine-tune, #47).
+    import inspect
+
+    margin = inspect.signature(tfmemopt.plan).parameters["margin"].default
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((64,), dtype="int32")
+    h = keras.layers.Embedding(8192, 64)(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(8192)(h))
+    model.compile(
+        "adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    )
+    eight = tfmemopt.optimizers.Adam8bit()
+    both = tfmemopt.estimate_memory(
+        model, 2, optimizer=eight, chunked_loss=True
+    )
+    budget = int(both.total * 1.02 / (1 - margin))
+    limit = budget * (1 - margin)
+    assert tfmemopt.estimate_memory(model, 2, chunked_loss=True).total > limit
+    assert tfmemopt.estimate_memory(model, 2, optimizer=eight).total > limit
+    p = tfmemopt.plan(
+        model, 2, budget, allow=("optimizer_state", "long_sequences")
+    )
+    assert p.optimizer == "Adam8bit" and p.chunked_loss, p
+    assert p.estimated_peak <= limit

@@ -10,7 +10,51 @@ from tfmemopt.tuning import _state_options as state_options
 from tfmemopt.tuning._plan import Plan
 
 
-def _make_plan(best, global_batch_size, replicas, budget, considered=()):
+def _settings_text(c) -> str:
+    """A candidate's settings in a few words."""
+    parts = [c["policy"]]
+    if c["accumulation_steps"] > 1:
+        parts.append(f"{c['accumulation_steps']} accumulation steps")
+    if c["checkpointing"] is not None:
+        parts.append(f"checkpointing {c['checkpointing']!r}")
+    if c.get("chunked_loss"):
+        parts.append("chunked_loss")
+    if c.get("attention"):
+        parts.append(f"attention={c['attention']!r}")
+    if c.get("optimizer"):
+        parts.append(c["optimizer"])
+    if c.get("sharding"):
+        parts.append(f"ShardedOptimizer stage {c['sharding']}")
+    if c.get("shard_parameters"):
+        parts.append("shard_parameters")
+    return ", ".join(parts)
+
+
+def _traded_text(best, considered, limit) -> str:
+    """What the choice traded: its estimated step time against the next
+    fastest candidate that fits (other settings)."""
+    if limit is None:
+        return ""
+    chosen = _settings_text(best)
+    others = [
+        c
+        for c in considered
+        if c.get("fit", c["peak"]) <= limit and _settings_text(c) != chosen
+    ]
+    if not others:
+        return ""
+    runner = min(others, key=lambda c: (c["time"], c["peak"]))
+    return (
+        f"; estimated step time {best['time']:.2f}x the whole batch's in "
+        f"float32 (estimated peak {_mib(best['peak'])}), the next fastest "
+        f"that fits {runner['time']:.2f}x ({_settings_text(runner)}, "
+        f"{_mib(runner['peak'])})"
+    )
+
+
+def _make_plan(
+    best, global_batch_size, replicas, budget, considered=(), limit=None
+):
     steps, ckpt, policy = (
         best["accumulation_steps"],
         best["checkpointing"],
@@ -43,6 +87,7 @@ def _make_plan(best, global_batch_size, replicas, budget, considered=()):
         before = min(kept, key=lambda c: c["peak"])
         change = state_options.state_change_text(before, best, replicas)
         why = f"{change}; with it, {why}"
+    why += _traded_text(best, considered, limit)
     return Plan(
         global_batch_size=global_batch_size,
         micro_batch_size=best["micro_batch_size"],

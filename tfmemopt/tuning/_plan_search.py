@@ -26,9 +26,23 @@ _PASS_OVERHEAD = 8
 _CHECKPOINT_COST = 1.33  # one extra forward pass (+30% measured)
 _FAST_16BIT = 0.6  # tensor cores (GPU >= 7.0, TPU)
 _SLOW_16BIT = 1.3  # CPUs and older GPUs: converts, no faster matmuls
+# The long-sequence options, against `Model.wrap(lm)` (BENCHMARKS.md
+# `long_sequences`, keras-hub GPT-2 at 4 x 512 to 4 x 2048 tokens:
+# chunked_loss 1.11-1.16x, attention="chunked" 0.98-1.05x, both
+# 1.08-1.18x; `llm_families_time`, Llama, both: 1.15-1.36x).
+_CHUNKED_LOSS_COST = 1.15
+_CHUNKED_ATTENTION_COST = 1.1
 
 
-def step_time(micro, steps, checkpointing, policy, fast_16bit) -> float:
+def step_time(
+    micro,
+    steps,
+    checkpointing,
+    policy,
+    fast_16bit,
+    chunked_loss=False,
+    attention=None,
+) -> float:
     """Relative step time of a combination (1.0: whole batch, float32)."""
     batch = micro * steps
     t = steps * (micro + _PASS_OVERHEAD) / (batch + _PASS_OVERHEAD)
@@ -36,6 +50,10 @@ def step_time(micro, steps, checkpointing, policy, fast_16bit) -> float:
         t *= _CHECKPOINT_COST
     if policy.startswith("mixed") or policy in ("float16", "bfloat16"):
         t *= _FAST_16BIT if fast_16bit else _SLOW_16BIT
+    if chunked_loss:
+        t *= _CHUNKED_LOSS_COST
+    if attention:
+        t *= _CHUNKED_ATTENTION_COST
     return round(t, 4)
 
 
@@ -100,15 +118,16 @@ def _steps_options(per_replica, multiple_of, allow) -> list[list[int]]:
 XLA_ERROR = 0.08
 
 
-def _long_sequence_options(considered, executor_terms=None) -> list:
-    """`[(chunked_loss, attention)]` for the terms the plain step keeps:
-    the logits alone, the attention scores alone, then both (under XLA,
-    read from `executor_terms()`: XLA's figure has no terms)."""
+def _long_sequence_options(considered, executor_terms=None, min_bytes=0):
+    """`[(chunked_loss, attention)]` for the terms the plain step keeps
+    (more than `min_bytes` each): the logits alone, the attention scores
+    alone, then both (under XLA, read from `executor_terms()`: XLA's figure
+    has no terms)."""
     terms = considered[0].get("terms", {}) if considered else {}
     if considered and considered[0].get("compiled") and executor_terms:
         terms = executor_terms()
-    logits = terms.get("logits", 0) > 0
-    scores = terms.get("attention_scores", 0) > 0
+    logits = terms.get("logits", 0) > min_bytes
+    scores = terms.get("attention_scores", 0) > min_bytes
     out = []
     if logits:
         out.append((True, None))
@@ -233,6 +252,8 @@ class Search:
             "attention": None,
         }
         self.ckpts = [None, "auto"] if "checkpointing" in allow else [None]
+        # The long-sequence options the model takes (`try_long_sequences`).
+        self.long_options: list = []
         self.rounds = _steps_options(
             global_batch_size // replicas, multiple_of, allow
         )
@@ -272,7 +293,15 @@ class Search:
                 return c["fit"]
         est = self._estimate(policy, ckpt, steps)
         micro = self.global_batch_size // self.replicas // steps
-        time = step_time(micro, steps, ckpt, policy, self.fast)
+        time = step_time(
+            micro,
+            steps,
+            ckpt,
+            policy,
+            self.fast,
+            option["chunked_loss"],
+            option["attention"],
+        )
         row = _candidate(est, policy, ckpt, steps, micro, time)
         row["parameter_count"] = _trainable_count(self.model)
         row.update(
@@ -326,28 +355,48 @@ class Search:
         except ValueError:
             return {}
 
+    def _could_be_faster(self, chunked, attention) -> bool:
+        """Whether an option's fastest case (one pass, no checkpointing,
+        the fastest policy) beats the fastest candidate that fits so far."""
+        best = choose(self.considered, self.limit)
+        if best is None:
+            return True
+        micro = self.global_batch_size // self.replicas
+        fastest = min(
+            step_time(micro, 1, None, p, self.fast, chunked, attention)
+            for p in self.policies
+        )
+        return fastest < best["time"]
+
     def try_long_sequences(self) -> None:
-        """The logits or the attention scores do not fit: compute them in
-        chunks (the same update), the term that is there first."""
-        options = _long_sequence_options(self.considered, self._executor_terms)
+        """The logits or the attention scores fill the step: compute them in
+        chunks (the same update), the term that is there first; also where
+        something fits already, when the option could be faster (fewer
+        micro-batches or no recompute: `_CHUNKED_LOSS_COST` against
+        `_CHECKPOINT_COST`), so that `choose` takes the fastest."""
+        # A term under 2% of the limit is not worth an option (an MLP's
+        # 10 KiB of logits came back as chunked_loss=True beside Adam8bit
+        # and checkpointing "auto", a combination that model's first fit
+        # refuses).
+        options = _long_sequence_options(
+            self.considered, self._executor_terms, 0.02 * self.limit
+        )
         for chunked, attention in options:
-            if self.fits():
-                break
+            if not self._could_be_faster(chunked, attention):
+                self.long_options.append((chunked, attention))
+                continue
             self.option.update(chunked_loss=chunked, attention=attention)
             try:
                 self.search_rounds()
+                self.long_options.append((chunked, attention))
             except ValueError:  # no linear head, no MultiHeadAttention, or
-                self.option.update(chunked_loss=False, attention=None)
-        if not self.fits():
-            # They did not make it fit: the state alternatives are tried
-            # without them (an MLP's 10 KiB of logits came back as
-            # chunked_loss=True beside Adam8bit and checkpointing "auto",
-            # a combination that model's first fit refuses).
-            self.option.update(chunked_loss=False, attention=None)
+                pass
+        self.option.update(chunked_loss=False, attention=None)
 
     def try_state_alternatives(self) -> None:
         """The model state leaves too little room: shrink the state itself,
-        least change first (sharded, 8-bit, both, factored)."""
+        least change first (sharded, 8-bit, both, factored), each also
+        with the long-sequence options."""
         for alt in state_options.alternatives(
             self.base, self.allow, self.replicas, self.original[0]
         ):
@@ -362,3 +411,15 @@ class Search:
             )
             self.policies[:] = [alt.policy] if alt.policy else self.original
             self.search_rounds()
+            # With the long-sequence options that were usable, least
+            # change first: the recipe of a long-context fine-tune is a
+            # smaller state *and* the chunked loss and attention.
+            for chunked, attention in self.long_options:
+                if self.fits():
+                    break
+                self.option.update(chunked_loss=chunked, attention=attention)
+                try:
+                    self.search_rounds()
+                except ValueError:
+                    pass
+            self.option.update(chunked_loss=False, attention=None)

@@ -96,14 +96,18 @@ def plan(
     (aligned micro-batches preferred). Among those that fit it picks the
     lowest estimated step time: fewer micro-batches are faster, checkpointing
     costs about one extra forward pass, 16-bit compute is faster only on
-    tensor cores. When nothing fits because the model state (weights,
+    tensor cores, the long-sequence options (`chunked_loss`, chunked
+    attention; tried where their terms are large) cost a little, and
+    `Plan.why` says what the choice traded. When nothing fits because the
+    model state (weights,
     gradients, optimizer state) leaves too little room, it tries, least
     change first: `tfmemopt.ShardedOptimizer(optimizer, stage=1)` with
     several replicas (1/R of the state per replica, the same updates), the
     8-bit twin of an Adam-like optimizer (`AdamW8bit`/`Adam8bit`, ~2 bytes
     of state per parameter instead of 8), both, then
-    `tfmemopt.optimizers.Adafactor` (the least state); the first that fits
-    is the plan (`Plan.optimizer`, `Plan.sharding`). Cost: a few traces
+    `tfmemopt.optimizers.Adafactor` (the least state), each alone and then
+    with the long-sequence options; the first that fits is the plan
+    (`Plan.optimizer`, `Plan.sharding`). Cost: a few traces
     of the model (seconds each); with `verify=True` also a few training
     steps of each plan it checks.
 
@@ -194,7 +198,9 @@ def plan(
     considered, limit = search.considered, search.limit
 
     def make(best) -> Plan:
-        return _make_plan(best, global_batch_size, replicas, budget, considered)
+        return _make_plan(
+            best, global_batch_size, replicas, budget, considered, limit
+        )
 
     def no_fit(scale):
         raise_no_fit(considered, budget, global_batch_size, scale, margin)
