@@ -217,179 +217,220 @@ def _attend(
     soft_cap=None,
     window=None,
 ):
-    any_shape = tf.TensorShape(None)
-    groups = query.shape[2] // key.shape[2]
-
     @tf.custom_gradient
     def forward(q, k, v):
-        t_len = tf.shape(q)[1]
-        s_len = tf.shape(k)[1]
-        rows, cols = block_shape(q, k, block_elements)
-        q_blocks = (t_len + rows - 1) // rows
-        k_blocks = (s_len + cols - 1) // cols
-        batch_heads = tf.stack([tf.shape(q)[0], tf.shape(q)[2]])
-
-        def q_body(i, out_ta, max_ta, log_ta, lo_ta, hi_ta):
-            q0 = i * rows
-            q_blk = q[:, q0 : q0 + rows]
-            r = tf.shape(q_blk)[1:2]
-            lo, hi = _key_range(
-                mask, is_causal, q0, r[0], s_len, cols, k_blocks, window
-            )
-
-            def k_body(j, m, total, acc):
-                k0 = j * cols
-                k_blk = k[:, k0 : k0 + cols]
-                c = tf.shape(k_blk)[1]
-                mask_blk = _block_mask(mask, is_causal, q0, r[0], k0, c, window)
-                s = block_scores(
-                    q_blk, k_blk, mask_blk, scale, soft_cap, groups
-                )
-                m_new = tf.maximum(m, tf.reduce_max(s, axis=-1))
-                alpha = tf.exp(m - m_new)
-                p = tf.exp(s - m_new[..., None])
-                total = total * alpha + tf.reduce_sum(p, axis=-1)
-                o = pv(tf.cast(p, v.dtype), v[:, k0 : k0 + cols], groups)
-                acc = acc * alpha[..., None] + tf.cast(o, tf.float32)
-                return j + 1, m_new, total, acc
-
-            lead = tf.concat([batch_heads, r], 0)
-            m, total, acc = block_loop(
-                hi,
-                k_body,
-                [
-                    tf.fill(lead, tf.constant(-float("inf"))),
-                    tf.zeros(lead),
-                    tf.zeros(tf.concat([lead, tf.shape(v)[3:]], 0)),
-                ],
-                [any_shape] * 3,
-                start=lo,
-            )
-            o = tf.cast(acc / total[..., None], v.dtype)
-            out_ta = out_ta.write(i, tf.transpose(o, [2, 0, 1, 3]))
-            # The row maximum and the log of the sum, kept apart: in a fully
-            # masked row the maximum is -0.7 x the largest float, which
-            # would absorb the log of the sum in a single log-sum-exp.
-            max_ta = max_ta.write(i, tf.transpose(m, [2, 0, 1]))
-            log_ta = log_ta.write(
-                i, tf.transpose(tf.math.log(total), [2, 0, 1])
-            )
-            return (
-                i + 1,
-                out_ta,
-                max_ta,
-                log_ta,
-                lo_ta.write(i, lo),
-                hi_ta.write(i, hi),
-            )
-
-        out_ta, max_ta, log_ta, lo_ta, hi_ta = block_loop(
-            q_blocks,
-            q_body,
-            [_array(v.dtype, q_blocks)]
-            + [_array(tf.float32, q_blocks) for _ in range(2)]
-            + [
-                tf.TensorArray(tf.int32, size=q_blocks, element_shape=[])
-                for _ in range(2)
-            ],
-            [any_shape] * 5,
+        blocks = _Blocks(
+            q, k, v, mask, scale, is_causal, block_elements, soft_cap, window
         )
-        # Each query block's key blocks [lo, hi), for the backward pass.
-        key_lo, key_hi = lo_ta.stack(), hi_ta.stack()
-        # (T, B, N, H) -> (B, T, N, H); (T, B, N) -> (B, N, T).
-        out = tf.transpose(out_ta.concat(), [1, 0, 2, 3])
-        out = tf.ensure_shape(out, q.shape[:-1] + v.shape[-1:])
-        row_max = tf.transpose(max_ta.concat(), [1, 2, 0])
-        log_sum = tf.transpose(log_ta.concat(), [1, 2, 0])
-
-        def grad(d_out):
-            # The row term of the softmax's gradient, sum_s p * dp, equals
-            # sum_h d_out * out: one (B, N, T) tensor instead of a row pass.
-            delta = tf.einsum(
-                "BTNH,BTNH->BNT",
-                tf.cast(d_out, tf.float32),
-                tf.cast(out, tf.float32),
-            )
-
-            def k_body(j, dq, dk_ta, dv_ta):
-                k0 = j * cols
-                k_blk = k[:, k0 : k0 + cols]
-                v_blk = v[:, k0 : k0 + cols]
-                c = tf.shape(k_blk)[1]
-                first, stop = _query_range(j, key_lo, key_hi)
-
-                def q_body(i, dq_ta, dk_blk, dv_blk):
-                    q0 = i * rows
-                    q_blk = q[:, q0 : q0 + rows]
-                    do_blk = d_out[:, q0 : q0 + rows]
-                    r = tf.shape(q_blk)[1]
-                    m = _block_mask(mask, is_causal, q0, r, k0, c, window)
-                    s = block_scores(q_blk, k_blk, m, scale, soft_cap, groups)
-                    p = tf.exp(
-                        (s - row_max[:, :, q0 : q0 + rows, None])
-                        - log_sum[:, :, q0 : q0 + rows, None]
-                    )
-                    p_c = tf.cast(p, v.dtype)
-                    dv_blk = dv_blk + tf.cast(
-                        pq(p_c, do_blk, groups), tf.float32
-                    )
-                    dp = tf.cast(qk(do_blk, v_blk, groups), tf.float32)
-                    ds = p * (dp - delta[:, :, q0 : q0 + rows, None])
-                    if m is not None:
-                        ds = tf.where(m, ds, tf.zeros((), ds.dtype))
-                    ds = through_soft_cap(ds, s, soft_cap)
-                    ds = tf.cast(ds * scale, q.dtype)
-                    dq_blk = pk(ds, k_blk, groups)
-                    dk_blk = dk_blk + tf.cast(pq(ds, q_blk, groups), tf.float32)
-                    dq_ta = dq_ta.write(
-                        i - first, tf.transpose(dq_blk, [1, 0, 2, 3])
-                    )
-                    return i + 1, dq_ta, dk_blk, dv_blk
-
-                dq_ta, dk_blk, dv_blk = block_loop(
-                    stop,
-                    q_body,
-                    [
-                        _array(q.dtype, stop - first),
-                        tf.zeros(tf.shape(k_blk), tf.float32),
-                        tf.zeros(tf.shape(v_blk), tf.float32),
-                    ],
-                    [any_shape] * 3,
-                    start=first,
-                )
-                # The query rows [first * rows, end) this key block reached,
-                # placed in a zero (B, T, N, H); pinned to q's static shape:
-                # the concat's batch is None, and the loop variable must keep
-                # one shape (batch 1 included).
-                dq_part = tf.transpose(dq_ta.concat(), [1, 0, 2, 3])
-                q_start = first * rows
-                q_end = tf.minimum(stop * rows, t_len)
-                dq_part = tf.pad(
-                    dq_part, [[0, 0], [q_start, t_len - q_end], [0, 0], [0, 0]]
-                )
-                dq = dq + tf.cast(tf.ensure_shape(dq_part, q.shape), tf.float32)
-                dk_ta = dk_ta.write(j, tf.transpose(dk_blk, [1, 0, 2, 3]))
-                dv_ta = dv_ta.write(j, tf.transpose(dv_blk, [1, 0, 2, 3]))
-                return j + 1, dq, dk_ta, dv_ta
-
-            dq, dk_ta, dv_ta = block_loop(
-                k_blocks,
-                k_body,
-                [
-                    tf.zeros(tf.shape(q), tf.float32),
-                    _array(tf.float32, k_blocks),
-                    _array(tf.float32, k_blocks),
-                ],
-                [q.shape, any_shape, any_shape],
-            )
-            dk = tf.transpose(dk_ta.concat(), [1, 0, 2, 3])
-            dv = tf.transpose(dv_ta.concat(), [1, 0, 2, 3])
-            return (
-                tf.ensure_shape(tf.cast(dq, q.dtype), q.shape),
-                tf.ensure_shape(tf.cast(dk, k.dtype), k.shape),
-                tf.ensure_shape(tf.cast(dv, v.dtype), v.shape),
-            )
-
-        return out, grad
+        return blocks.forward(), blocks.backward
 
     return forward(query, key, value)
+
+
+_ANY_SHAPE = tf.TensorShape(None)
+
+
+class _Blocks:
+    """One call's attention in blocks of queries and keys (the forward pass
+    and its gradient, FlashAttention's order): what the blocks share, and
+    what the forward pass keeps for the backward one (the output, each
+    row's maximum and log-sum, each query block's key range)."""
+
+    def __init__(
+        self, q, k, v, mask, scale, is_causal, block_elements, soft_cap,
+        window,
+    ):  # fmt: skip
+        self.q, self.k, self.v = q, k, v
+        self.mask, self.scale, self.is_causal = mask, scale, is_causal
+        self.soft_cap, self.window = soft_cap, window
+        self.groups = q.shape[2] // k.shape[2]
+        self.t_len = tf.shape(q)[1]
+        self.s_len = tf.shape(k)[1]
+        self.rows, self.cols = block_shape(q, k, block_elements)
+        self.q_blocks = (self.t_len + self.rows - 1) // self.rows
+        self.k_blocks = (self.s_len + self.cols - 1) // self.cols
+
+    def _mask(self, q0, rows, k0, cols):
+        return _block_mask(
+            self.mask, self.is_causal, q0, rows, k0, cols, self.window
+        )
+
+    def _scores(self, q_blk, k_blk, mask_blk):
+        return block_scores(
+            q_blk, k_blk, mask_blk, self.scale, self.soft_cap, self.groups
+        )
+
+    # -- forward -----------------------------------------------------------
+    def forward(self):
+        """The output (B, T, N, H); keeps what `backward` needs."""
+        q, v = self.q, self.v
+        out_ta, max_ta, log_ta, lo_ta, hi_ta = block_loop(
+            self.q_blocks,
+            self._query_block,
+            [_array(v.dtype, self.q_blocks)]
+            + [_array(tf.float32, self.q_blocks) for _ in range(2)]
+            + [
+                tf.TensorArray(tf.int32, size=self.q_blocks, element_shape=[])
+                for _ in range(2)
+            ],
+            [_ANY_SHAPE] * 5,
+        )
+        # Each query block's key blocks [lo, hi), for the backward pass.
+        self.key_lo, self.key_hi = lo_ta.stack(), hi_ta.stack()
+        # (T, B, N, H) -> (B, T, N, H); (T, B, N) -> (B, N, T).
+        out = tf.transpose(out_ta.concat(), [1, 0, 2, 3])
+        self.out = tf.ensure_shape(out, q.shape[:-1] + v.shape[-1:])
+        self.row_max = tf.transpose(max_ta.concat(), [1, 2, 0])
+        self.log_sum = tf.transpose(log_ta.concat(), [1, 2, 0])
+        return self.out
+
+    def _query_block(self, i, out_ta, max_ta, log_ta, lo_ta, hi_ta):
+        """One block of queries against its key blocks, online softmax."""
+        q, v = self.q, self.v
+        q0 = i * self.rows
+        q_blk = q[:, q0 : q0 + self.rows]
+        r = tf.shape(q_blk)[1:2]
+        lo, hi = _key_range(
+            self.mask, self.is_causal, q0, r[0], self.s_len, self.cols,
+            self.k_blocks, self.window,
+        )  # fmt: skip
+
+        def k_body(j, m, total, acc):
+            k0 = j * self.cols
+            k_blk = self.k[:, k0 : k0 + self.cols]
+            c = tf.shape(k_blk)[1]
+            s = self._scores(q_blk, k_blk, self._mask(q0, r[0], k0, c))
+            m_new = tf.maximum(m, tf.reduce_max(s, axis=-1))
+            alpha = tf.exp(m - m_new)
+            p = tf.exp(s - m_new[..., None])
+            total = total * alpha + tf.reduce_sum(p, axis=-1)
+            o = pv(tf.cast(p, v.dtype), v[:, k0 : k0 + self.cols], self.groups)
+            acc = acc * alpha[..., None] + tf.cast(o, tf.float32)
+            return j + 1, m_new, total, acc
+
+        lead = tf.concat([tf.stack([tf.shape(q)[0], tf.shape(q)[2]]), r], 0)
+        m, total, acc = block_loop(
+            hi,
+            k_body,
+            [
+                tf.fill(lead, tf.constant(-float("inf"))),
+                tf.zeros(lead),
+                tf.zeros(tf.concat([lead, tf.shape(v)[3:]], 0)),
+            ],
+            [_ANY_SHAPE] * 3,
+            start=lo,
+        )
+        o = tf.cast(acc / total[..., None], v.dtype)
+        out_ta = out_ta.write(i, tf.transpose(o, [2, 0, 1, 3]))
+        # The row maximum and the log of the sum, kept apart: in a fully
+        # masked row the maximum is -0.7 x the largest float, which would
+        # absorb the log of the sum in a single log-sum-exp.
+        max_ta = max_ta.write(i, tf.transpose(m, [2, 0, 1]))
+        log_ta = log_ta.write(i, tf.transpose(tf.math.log(total), [2, 0, 1]))
+        return (
+            i + 1, out_ta, max_ta, log_ta, lo_ta.write(i, lo),
+            hi_ta.write(i, hi),
+        )  # fmt: skip
+
+    # -- backward ----------------------------------------------------------
+    def backward(self, d_out):
+        """`(dq, dk, dv)`: a pass over the key blocks, each over the query
+        blocks that reached it."""
+        q, k, v = self.q, self.k, self.v
+        # The row term of the softmax's gradient, sum_s p * dp, equals
+        # sum_h d_out * out: one (B, N, T) tensor instead of a row pass.
+        delta = tf.einsum(
+            "BTNH,BTNH->BNT",
+            tf.cast(d_out, tf.float32),
+            tf.cast(self.out, tf.float32),
+        )
+
+        def k_body(j, dq, dk_ta, dv_ta):
+            return self._key_block_grad(j, dq, dk_ta, dv_ta, d_out, delta)
+
+        dq, dk_ta, dv_ta = block_loop(
+            self.k_blocks,
+            k_body,
+            [
+                tf.zeros(tf.shape(q), tf.float32),
+                _array(tf.float32, self.k_blocks),
+                _array(tf.float32, self.k_blocks),
+            ],
+            [q.shape, _ANY_SHAPE, _ANY_SHAPE],
+        )
+        dk = tf.transpose(dk_ta.concat(), [1, 0, 2, 3])
+        dv = tf.transpose(dv_ta.concat(), [1, 0, 2, 3])
+        return (
+            tf.ensure_shape(tf.cast(dq, q.dtype), q.shape),
+            tf.ensure_shape(tf.cast(dk, k.dtype), k.shape),
+            tf.ensure_shape(tf.cast(dv, v.dtype), v.shape),
+        )
+
+    def _key_block_grad(self, j, dq, dk_ta, dv_ta, d_out, delta):
+        """One key block's dk and dv, and its share of dq."""
+        q, rows = self.q, self.rows
+        k0 = j * self.cols
+        k_blk = self.k[:, k0 : k0 + self.cols]
+        v_blk = self.v[:, k0 : k0 + self.cols]
+        first, stop = _query_range(j, self.key_lo, self.key_hi)
+
+        def q_body(i, dq_ta, dk_blk, dv_blk):
+            return self._query_block_grad(
+                i, first, k0, k_blk, v_blk, d_out, delta, dq_ta, dk_blk,
+                dv_blk,
+            )  # fmt: skip
+
+        dq_ta, dk_blk, dv_blk = block_loop(
+            stop,
+            q_body,
+            [
+                _array(q.dtype, stop - first),
+                tf.zeros(tf.shape(k_blk), tf.float32),
+                tf.zeros(tf.shape(v_blk), tf.float32),
+            ],
+            [_ANY_SHAPE] * 3,
+            start=first,
+        )
+        # The query rows [first * rows, end) this key block reached, placed
+        # in a zero (B, T, N, H); pinned to q's static shape: the concat's
+        # batch is None, and the loop variable must keep one shape (batch 1
+        # included).
+        dq_part = tf.transpose(dq_ta.concat(), [1, 0, 2, 3])
+        q_start = first * rows
+        q_end = tf.minimum(stop * rows, self.t_len)
+        dq_part = tf.pad(
+            dq_part, [[0, 0], [q_start, self.t_len - q_end], [0, 0], [0, 0]]
+        )
+        dq = dq + tf.cast(tf.ensure_shape(dq_part, q.shape), tf.float32)
+        dk_ta = dk_ta.write(j, tf.transpose(dk_blk, [1, 0, 2, 3]))
+        dv_ta = dv_ta.write(j, tf.transpose(dv_blk, [1, 0, 2, 3]))
+        return j + 1, dq, dk_ta, dv_ta
+
+    def _query_block_grad(
+        self, i, first, k0, k_blk, v_blk, d_out, delta, dq_ta, dk_blk,
+        dv_blk,
+    ):  # fmt: skip
+        """One (query block, key block) pair of the backward pass."""
+        q, groups, rows = self.q, self.groups, self.rows
+        q0 = i * rows
+        q_blk = q[:, q0 : q0 + rows]
+        do_blk = d_out[:, q0 : q0 + rows]
+        r = tf.shape(q_blk)[1]
+        m = self._mask(q0, r, k0, tf.shape(k_blk)[1])
+        s = self._scores(q_blk, k_blk, m)
+        p = tf.exp(
+            (s - self.row_max[:, :, q0 : q0 + rows, None])
+            - self.log_sum[:, :, q0 : q0 + rows, None]
+        )
+        p_c = tf.cast(p, self.v.dtype)
+        dv_blk = dv_blk + tf.cast(pq(p_c, do_blk, groups), tf.float32)
+        dp = tf.cast(qk(do_blk, v_blk, groups), tf.float32)
+        ds = p * (dp - delta[:, :, q0 : q0 + rows, None])
+        if m is not None:
+            ds = tf.where(m, ds, tf.zeros((), ds.dtype))
+        ds = through_soft_cap(ds, s, self.soft_cap)
+        ds = tf.cast(ds * self.scale, q.dtype)
+        dq_blk = pk(ds, k_blk, groups)
+        dk_blk = dk_blk + tf.cast(pq(ds, q_blk, groups), tf.float32)
+        dq_ta = dq_ta.write(i - first, tf.transpose(dq_blk, [1, 0, 2, 3]))
+        return i + 1, dq_ta, dk_blk, dv_blk

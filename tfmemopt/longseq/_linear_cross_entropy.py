@@ -99,119 +99,134 @@ def _online_lse(logits, start, y, top, total, target):
 def _chunked(h, w, b, y, rows, transpose, with_bias):
     @tf.custom_gradient
     def forward(h, w, b):
-        # Over blocks of the vocabulary with a running log-sum-exp: each
-        # block reads its columns of the kernel once (a loop over token
-        # chunks read the whole kernel per chunk: 2x slower with small
-        # chunks), and the block is the same as the backward pass's.
-        n = tf.shape(h)[0]
-        vocab = b.shape[0]
-        cols = tf.maximum(1, (rows * vocab) // tf.maximum(n, 1))
-        blocks = (vocab + cols - 1) // cols
+        blocks = _VocabBlocks(h, w, b, y, rows, transpose, with_bias)
+        return blocks.forward(), blocks.backward
 
-        def block(start):
-            """The kernel's columns `start:start + cols` and their float32
-            logits (the same block in the forward and backward loops)."""
-            if transpose:
-                w_blk = w[start : start + cols]
-            else:
-                w_blk = w[:, start : start + cols]
-            logits = tf.matmul(h, w_blk, transpose_b=transpose)
-            if with_bias:
-                logits = logits + b[start : start + cols]
-            return w_blk, tf.cast(logits, tf.float32)
+    return forward(h, w, b)
+
+
+class _VocabBlocks:
+    """One call's cross-entropy over blocks of the vocabulary, with a
+    running log-sum-exp: each block reads its columns of the kernel once (a
+    loop over token chunks read the whole kernel per chunk: 2x slower with
+    small chunks), and a block is the same in the forward and backward
+    loops. Keeps each token's log-sum-exp for the backward pass."""
+
+    def __init__(self, h, w, b, y, rows, transpose, with_bias):
+        self.h, self.w, self.b, self.y = h, w, b, y
+        self.transpose, self.with_bias = transpose, with_bias
+        self.n = tf.shape(h)[0]
+        self.vocab = b.shape[0]
+        self.cols = tf.maximum(1, (rows * self.vocab) // tf.maximum(self.n, 1))
+        self.blocks = (self.vocab + self.cols - 1) // self.cols
+
+    def _block(self, start):
+        """The kernel's columns `start:start + cols` and their float32
+        logits (the same block in the forward and backward loops)."""
+        w, cols = self.w, self.cols
+        if self.transpose:
+            w_blk = w[start : start + cols]
+        else:
+            w_blk = w[:, start : start + cols]
+        logits = tf.matmul(self.h, w_blk, transpose_b=self.transpose)
+        if self.with_bias:
+            logits = logits + self.b[start : start + cols]
+        return w_blk, tf.cast(logits, tf.float32)
+
+    def forward(self):
+        """Each token's loss, `log-sum-exp - label logit`."""
 
         def body(j, top, total, target):
-            start = j * cols
-            _, logits = block(start)
-            return (j + 1, *_online_lse(logits, start, y, top, total, target))
+            start = j * self.cols
+            _, logits = self._block(start)
+            return (
+                j + 1,
+                *_online_lse(logits, start, self.y, top, total, target),
+            )
 
-        zeros = tf.zeros([n], tf.float32)
+        zeros = tf.zeros([self.n], tf.float32)
         _, top, total, target = tf.while_loop(
-            lambda j, *_: j < blocks,
+            lambda j, *_: j < self.blocks,
             body,
             [tf.constant(0), zeros - float("inf"), zeros, zeros],
             shape_invariants=[tf.TensorShape([])]
             + [tf.TensorShape([None])] * 3,
             parallel_iterations=1,
         )
-        lse = top + tf.math.log(total)
-        loss = lse - target
+        self.lse = top + tf.math.log(total)
+        return self.lse - target
 
-        def grad(upstream):
-            # Over blocks of the vocabulary: each block's kernel gradient is
-            # final once computed (written out, never accumulated), and the
-            # hidden states' gradient is a small (tokens, D) sum.
-            up = tf.cast(upstream, tf.float32)[:, None]
-
-            def gbody(j, dh, dw, db_ta):
-                start = j * cols
-                w_blk, logits = block(start)
-                d = tf.exp(logits - lse[:, None]) * up
-                width = tf.shape(d)[1]
-                # Minus the upstream gradient at each label in this block.
-                inside = tf.where(tf.logical_and(y >= start, y < start + width))
-                inside = tf.cast(inside[:, 0], tf.int32)
-                d = tf.tensor_scatter_nd_sub(
-                    d,
-                    tf.stack([inside, tf.gather(y, inside) - start], axis=1),
-                    tf.gather(up[:, 0], inside),
-                )
-                d_c = tf.cast(d, w.dtype)
-                dh = dh + tf.cast(
-                    tf.matmul(d_c, w_blk, transpose_b=not transpose),
+    def backward(self, upstream):
+        """Over blocks of the vocabulary: each block's kernel gradient is
+        final once computed (written out, never accumulated), and the
+        hidden states' gradient is a small (tokens, D) sum."""
+        h, w, b = self.h, self.w, self.b
+        up = tf.cast(upstream, tf.float32)[:, None]
+        _, dh, dw, db_ta = tf.while_loop(
+            lambda j, *_: j < self.blocks,
+            lambda j, dh, dw, db_ta: self._grad_block(j, dh, dw, db_ta, up),
+            [
+                tf.constant(0),
+                tf.zeros(tf.shape(h), tf.float32),
+                # A fresh (V, D) buffer tiled from a runtime tensor (a
+                # tf.zeros of static shape is folded into a graph constant,
+                # which the in-place update would overwrite). Its contents
+                # do not matter: the blocks set every row.
+                tf.tile(tf.cast(h[:1], w.dtype), [self.vocab, 1]),
+                tf.TensorArray(
                     tf.float32,
-                )
-                # The block's (cols, D) rows of the kernel's gradient, written
-                # into the (V, D) gradient's own buffer (InplaceUpdate aliases
-                # its input; the buffer is this loop's alone). A TensorArray
-                # and its concat held two copies of the gradient at the end.
-                dw = tf.raw_ops.InplaceUpdate(
-                    x=dw,
-                    i=tf.range(start, start + width),
-                    v=tf.matmul(d_c, h, transpose_a=True),
-                )
-                if with_bias:
-                    db_ta = db_ta.write(j, tf.reduce_sum(d, axis=0))
-                return j + 1, dh, dw, db_ta
+                    size=self.blocks,
+                    element_shape=tf.TensorShape([None]),
+                    infer_shape=False,
+                ),
+            ],
+            shape_invariants=[
+                tf.TensorShape([]),
+                h.shape,
+                tf.TensorShape([self.vocab, h.shape[-1]]),
+                tf.TensorShape(None),
+            ],
+            parallel_iterations=1,
+        )
+        if not self.transpose:
+            dw = tf.transpose(dw)
+        dw = tf.ensure_shape(dw, w.shape)
+        if self.with_bias:
+            db = tf.reshape(tf.cast(db_ta.concat(), b.dtype), b.shape)
+        else:
+            db = tf.zeros_like(b)
+        return tf.cast(dh, h.dtype), dw, db
 
-            _, dh, dw, db_ta = tf.while_loop(
-                lambda j, *_: j < blocks,
-                gbody,
-                [
-                    tf.constant(0),
-                    tf.zeros(tf.shape(h), tf.float32),
-                    # A fresh (V, D) buffer tiled from a runtime tensor (a
-                    # tf.zeros of static shape is folded into a graph
-                    # constant, which the in-place update would overwrite).
-                    # Its contents do not matter: the blocks set every row.
-                    tf.tile(tf.cast(h[:1], w.dtype), [vocab, 1]),
-                    tf.TensorArray(
-                        tf.float32,
-                        size=blocks,
-                        element_shape=tf.TensorShape([None]),
-                        infer_shape=False,
-                    ),
-                ],
-                shape_invariants=[
-                    tf.TensorShape([]),
-                    h.shape,
-                    tf.TensorShape([vocab, h.shape[-1]]),
-                    tf.TensorShape(None),
-                ],
-                parallel_iterations=1,
-            )
-            if not transpose:
-                dw = tf.transpose(dw)
-            dw = tf.ensure_shape(dw, w.shape)
-            if with_bias:
-                db = tf.reshape(tf.cast(db_ta.concat(), b.dtype), b.shape)
-            else:
-                db = tf.zeros_like(b)
-            return tf.cast(dh, h.dtype), dw, db
-
-        return loss, grad
-
-    return forward(h, w, b)
+    def _grad_block(self, j, dh, dw, db_ta, up):
+        y, h, w = self.y, self.h, self.w
+        start = j * self.cols
+        w_blk, logits = self._block(start)
+        d = tf.exp(logits - self.lse[:, None]) * up
+        width = tf.shape(d)[1]
+        # Minus the upstream gradient at each label in this block.
+        inside = tf.where(tf.logical_and(y >= start, y < start + width))
+        inside = tf.cast(inside[:, 0], tf.int32)
+        d = tf.tensor_scatter_nd_sub(
+            d,
+            tf.stack([inside, tf.gather(y, inside) - start], axis=1),
+            tf.gather(up[:, 0], inside),
+        )
+        d_c = tf.cast(d, w.dtype)
+        dh = dh + tf.cast(
+            tf.matmul(d_c, w_blk, transpose_b=not self.transpose), tf.float32
+        )
+        # The block's (cols, D) rows of the kernel's gradient, written into
+        # the (V, D) gradient's own buffer (InplaceUpdate aliases its input;
+        # the buffer is this loop's alone). A TensorArray and its concat
+        # held two copies of the gradient at the end.
+        dw = tf.raw_ops.InplaceUpdate(
+            x=dw,
+            i=tf.range(start, start + width),
+            v=tf.matmul(d_c, h, transpose_a=True),
+        )
+        if self.with_bias:
+            db_ta = db_ta.write(j, tf.reduce_sum(d, axis=0))
+        return j + 1, dh, dw, db_ta
 
 
 def _chunked_xla(h, w, b, y, rows, transpose, with_bias):
