@@ -109,20 +109,31 @@ def checkpointing(name: str) -> dict:
     }
 
 
-def step_peak(name: str, mode: str, batch: int | None = None) -> int:
+def step_peak(
+    name: str, mode: str, batch: int | None = None, jit_compile=False
+) -> int:
     """Peak bytes above the baseline of one training step (median of 3).
 
     Run it in a fresh process per (client, mode): TensorFlow's allocator
-    keeps what an earlier model freed.
+    keeps what an earlier model freed. `jit_compile=True`: the step
+    compiled with XLA, TensorFlow's CPU allocator grown first (XLA's few
+    large buffers then count at their own sizes, as a GPU counts them;
+    docs/xla.md).
     """
     from tfmemopt.memory import measure_peak
 
+    if jit_compile:
+        grown = tf.raw_ops.Empty(shape=[1 << 30], dtype=tf.float32, init=False)
+        del grown
     client = CLIENTS[name]
     batch = batch or client.ckpt_batch or client.peak_batch
     data = client.fit_data(batch)
     x, y, sw = keras.utils.unpack_x_y_sample_weight(data)
     model = client.model()
-    model.compile(**compile_kwargs(client, keras.optimizers.SGD(0.01)))
+    model.compile(
+        **compile_kwargs(client, keras.optimizers.SGD(0.01)),
+        jit_compile=jit_compile,
+    )
     if mode == "ckpt":
         tfmemopt.enable_checkpointing(model, "auto")
     elif mode != "plain":
