@@ -293,15 +293,7 @@ class Search:
                 return c["fit"]
         est = self._estimate(policy, ckpt, steps)
         micro = self.global_batch_size // self.replicas // steps
-        time = step_time(
-            micro,
-            steps,
-            ckpt,
-            policy,
-            self.fast,
-            option["chunked_loss"],
-            option["attention"],
-        )
+        time = self._time(policy, ckpt, steps)
         row = _candidate(est, policy, ckpt, steps, micro, time)
         row["parameter_count"] = _trainable_count(self.model)
         row.update(
@@ -318,12 +310,33 @@ class Search:
     def fits(self) -> bool:
         return choose(self.considered, self.limit) is not None
 
+    def _time(self, policy, ckpt, steps) -> float:
+        micro = self.global_batch_size // self.replicas // steps
+        option = self.option
+        return step_time(
+            micro, steps, ckpt, policy, self.fast, option["chunked_loss"],
+            option["attention"],
+        )  # fmt: skip
+
     def _search(self, steps_list) -> None:
+        """The fewest steps that fit for each policy and checkpointing,
+        among the steps that could still be faster than the fastest
+        candidate that fits so far (a slower one is never chosen: each
+        estimate is a trace of the model, tens of seconds for a deep one)."""
         for policy in self.policies:
             for ckpt in self.ckpts:
+                best = choose(self.considered, self.limit)
+                steps_left = [
+                    s
+                    for s in steps_list
+                    if best is None
+                    or self._time(policy, ckpt, s) <= best["time"]
+                ]
+                if not steps_left:
+                    continue
                 _fewest_steps_that_fit(
                     lambda steps, p=policy, c=ckpt: self.peak(p, c, steps),
-                    steps_list,
+                    steps_left,
                     self.limit,
                 )
 
