@@ -303,7 +303,10 @@ def write_tables(results, name):
         "and the step, above what was allocated before the model was "
         "built; one fresh process per cell, median of 2 steps after the "
         "first. `plan`: `tfmemopt.plan(lm, 4, budget, sequence_length="
-        f"{TOKENS})`, applied. {_report.machine()}.\n\n"
+        f"{TOKENS})`, applied; `recipe`: bfloat16 weights, "
+        '`AdamW8bit(bf16_update="stochastic")`, `Model.wrap(lm, '
+        'checkpointing="auto", chunked_loss=True, attention="chunked")`. '
+        f"{_report.machine()}.\n\n"
         + table(
             [
                 "model",
