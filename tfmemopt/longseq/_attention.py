@@ -40,8 +40,9 @@ from tfmemopt.longseq._attention_blocks import block_shape
 from tfmemopt.longseq._attention_blocks import causal_mask
 from tfmemopt.longseq._attention_blocks import pk
 from tfmemopt.longseq._attention_blocks import pq
-from tfmemopt.longseq._attention_blocks import pv
 from tfmemopt.longseq._attention_blocks import qk
+from tfmemopt.longseq._attention_blocks import softmax_start
+from tfmemopt.longseq._attention_blocks import softmax_step
 from tfmemopt.longseq._attention_blocks import through_soft_cap
 from tfmemopt.longseq._attention_xla import attend_xla
 
@@ -300,23 +301,14 @@ class _Blocks:
             k_blk = self.k[:, k0 : k0 + self.cols]
             c = tf.shape(k_blk)[1]
             s = self._scores(q_blk, k_blk, self._mask(q0, r[0], k0, c))
-            m_new = tf.maximum(m, tf.reduce_max(s, axis=-1))
-            alpha = tf.exp(m - m_new)
-            p = tf.exp(s - m_new[..., None])
-            total = total * alpha + tf.reduce_sum(p, axis=-1)
-            o = pv(tf.cast(p, v.dtype), v[:, k0 : k0 + self.cols], self.groups)
-            acc = acc * alpha[..., None] + tf.cast(o, tf.float32)
-            return j + 1, m_new, total, acc
+            v_blk = v[:, k0 : k0 + self.cols]
+            return (j + 1, *softmax_step(s, v_blk, self.groups, m, total, acc))
 
         lead = tf.concat([tf.stack([tf.shape(q)[0], tf.shape(q)[2]]), r], 0)
         m, total, acc = block_loop(
             hi,
             k_body,
-            [
-                tf.fill(lead, tf.constant(-float("inf"))),
-                tf.zeros(lead),
-                tf.zeros(tf.concat([lead, tf.shape(v)[3:]], 0)),
-            ],
+            softmax_start(lead, v),
             [_ANY_SHAPE] * 3,
             start=lo,
         )

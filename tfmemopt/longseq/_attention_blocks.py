@@ -158,3 +158,25 @@ def block_loop(n, body, loop_vars, invariants, start=None):
         shape_invariants=[tf.TensorShape([]), *invariants],
         parallel_iterations=1,
     )[1:]
+
+
+def softmax_start(lead, value) -> list:
+    """The running maximum, sum and output of a query block before its
+    first key block (`lead`: its `[B, N, rows]`), for `softmax_step`."""
+    return [
+        tf.fill(lead, tf.constant(-float("inf"))),
+        tf.zeros(lead),
+        tf.zeros(tf.concat([lead, tf.shape(value)[3:]], 0)),
+    ]
+
+
+def softmax_step(s, v_blk, groups, m, total, acc):
+    """One key block's scores `s` and values into a query block's running
+    (online) softmax: the new maximum, sum of exponentials and float32
+    output sum."""
+    m_new = tf.maximum(m, tf.reduce_max(s, axis=-1))
+    alpha = tf.exp(m - m_new)
+    p = tf.exp(s - m_new[..., None])
+    total = total * alpha + tf.reduce_sum(p, axis=-1)
+    o = pv(tf.cast(p, v_blk.dtype), v_blk, groups)
+    return m_new, total, acc * alpha[..., None] + tf.cast(o, tf.float32)

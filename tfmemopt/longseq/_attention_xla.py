@@ -12,9 +12,10 @@ from tfmemopt.longseq._attention_blocks import block_shape
 from tfmemopt.longseq._attention_blocks import causal_mask
 from tfmemopt.longseq._attention_blocks import pk
 from tfmemopt.longseq._attention_blocks import pq
-from tfmemopt.longseq._attention_blocks import pv
 from tfmemopt.longseq._attention_blocks import qk
 from tfmemopt.longseq._attention_blocks import rows_seen
+from tfmemopt.longseq._attention_blocks import softmax_start
+from tfmemopt.longseq._attention_blocks import softmax_step
 from tfmemopt.longseq._attention_blocks import through_soft_cap
 
 
@@ -172,24 +173,14 @@ class _XlaBlocks:
         def k_body(j, m, total, acc):
             k0 = j * cols
             s, _ = self._scores(q_blk, q0, k0)
-            m_new = tf.maximum(m, tf.reduce_max(s, axis=-1))
-            alpha = tf.exp(m - m_new)
-            p = tf.exp(s - m_new[..., None])
-            total = total * alpha + tf.reduce_sum(p, axis=-1)
             v_blk = _cut(self.vp, 1, k0, cols)
-            o = pv(tf.cast(p, v.dtype), v_blk, self.groups)
-            acc = acc * alpha[..., None] + tf.cast(o, tf.float32)
-            return j + 1, m_new, total, acc
+            return (j + 1, *softmax_step(s, v_blk, self.groups, m, total, acc))
 
         lead = tf.stack([tf.shape(self.q)[0], tf.shape(self.q)[2], rows])
         m, total, acc = block_loop(
             hi,
             k_body,
-            [
-                tf.fill(lead, tf.constant(-float("inf"))),
-                tf.zeros(lead),
-                tf.zeros(tf.concat([lead, tf.shape(v)[3:]], 0)),
-            ],
+            softmax_start(lead, v),
             [_ANY_SHAPE] * 3,
         )
         o = tf.cast(acc / total[..., None], v.dtype)
