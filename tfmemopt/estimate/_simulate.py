@@ -156,173 +156,277 @@ def _simulate(
     at the step's peak; the hierarchical attention network, the rows'
     `adam/Square` made after the concatenation's pieces were freed.
     """
-    read, last, due, sums = _last_reads(ops, aliases, accumulated, spans)
-    consumed, lingering, spans = consumed or {}, lingering or {}, spans or {}
-    reads_gradient = reads_gradient or {}
-    keep = {t.name for t in outputs if t.name not in consumed}
-    buffer_of, size, holders = {}, {}, {}
-    held, old_weight = held or {}, {}
-    lists = set()
-    live = peak = 0
-    sibling = None  # (inputs, outputs, scratch) of the last op with scratch
-    # (keys, bytes, index of the last op it runs beside, when it ends):
-    # the lingering temporaries of the update that runs.
-    running = None
-    starts = _starts(ops, spans)
+    return _Simulation(
+        ops,
+        outputs,
+        size_of,
+        aliases,
+        scratch=scratch,
+        events=events,
+        consumed=consumed,
+        at_peak=at_peak,
+        in_place=in_place,
+        accumulated=accumulated,
+        spans=spans,
+        held=held,
+        lingering=lingering,
+        reads_gradient=reads_gradient,
+        rows_square=rows_square,
+    ).run()
 
-    def ended(update) -> int:
+
+class _Simulation:
+    """One run of `_simulate`: the buffers alive as the ops run, and the
+    peak. Each method is one part of an op's turn: its outputs
+    (`_output`), its kernel's scratch (`_scratch`), the updates of the
+    gradients it makes (`_update`), the buffers it releases
+    (`_release`)."""
+
+    def __init__(
+        self,
+        ops,
+        outputs,
+        size_of,
+        aliases,
+        *,
+        scratch,
+        events,
+        consumed,
+        at_peak,
+        in_place,
+        accumulated,
+        spans,
+        held,
+        lingering,
+        reads_gradient,
+        rows_square,
+    ):
+        # `_released_at` tells no spans (None) from empty ones.
+        reads = _last_reads(ops, aliases, accumulated, spans)
+        self.read, self.last, self.due, self.sums = reads
+        self.ops, self.size_of, self.aliases = ops, size_of, aliases
+        self.scratch, self.events, self.at_peak = scratch, events, at_peak
+        self.in_place, self.rows_square = in_place, rows_square
+        self.consumed = consumed or {}
+        self.lingering = lingering or {}
+        self.spans = spans or {}
+        self.reads_gradient = reads_gradient or {}
+        self.keep = {t.name for t in outputs if t.name not in self.consumed}
+        self.buffer_of, self.size, self.holders = {}, {}, {}
+        self.held, self.old_weight = held or {}, {}
+        self.lists = set()
+        self.live = self.peak = 0
+        # (inputs, outputs, scratch) of the last op with scratch.
+        self.sibling = None
+        # (keys, bytes, index of the last op it runs beside, when it ends):
+        # the lingering temporaries of the update that runs.
+        self.running = None
+        self.starts = _starts(ops, self.spans)
+
+    def run(self) -> int:
+        for i, op in enumerate(self.ops):
+            for t in op.outputs:
+                self._output(i, op, t)
+            self._mark(self._scratch(i, op))
+            done = [t for t in op.outputs if t.name in self.consumed]
+            if any(t.name in self.rows_square for t in done):
+                # The op has ended before the update of its rows starts.
+                for name in _read_names(op.inputs, self.aliases):
+                    freed = self._free_read(name, self.read.get(name) == i)
+                    if freed:
+                        self.live -= freed[1]
+                        if self.events is not None and freed[1]:
+                            self.events.append(freed[0])
+            for t in done:
+                self._update(i, op, t)
+            if self.running and self.running[2] <= i:
+                # No op that starts later meets it.
+                self._end_running()
+            self._release(i, done)
+        if self.running:  # the last update ends with the step
+            self._ended(self.running)
+        return self.peak
+
+    def _mark(self, extra=0):
+        """Counts a peak with `extra` bytes on top of the live ones."""
+        self.peak = _at(
+            self.peak, self.live + extra, self.at_peak, self.holders
+        )
+
+    def _ended(self, update) -> int:
         """A lingering update's end: its temporaries freed in `events`;
         returns their bytes."""
-        if events is not None:
-            events.extend((k, None) for k in update[0])
+        if self.events is not None:
+            self.events.extend((k, None) for k in update[0])
         return update[1]
 
-    def allocate(name, n, key=None) -> int:
-        """A new buffer of `n` bytes for tensor `name`; returns `n`."""
-        buffer_of[name] = name
-        size[name] = n
-        holders[name] = {name}
-        if events is not None and n:
-            events.append((key or name, n))
-        return n
+    def _end_running(self):
+        self.live -= self._ended(self.running)
+        self.running = None
 
-    def _free_read(name, last_read):
+    def _allocate(self, name, n, key=None):
+        """A new buffer of `n` bytes for tensor `name`."""
+        self.buffer_of[name] = name
+        self.size[name] = n
+        self.holders[name] = {name}
+        if self.events is not None and n:
+            self.events.append((key or name, n))
+        self.live += n
+
+    def _share(self, name, src):
+        """Tensor `name` holds the buffer of `src`."""
+        self.buffer_of[name] = src
+        self.holders[src].add(name)
+
+    def _free_read(self, name, last_read):
         """Frees the buffer `name` holds alone, read last now: returns
         `(its free event, its bytes)`, or None."""
-        src = buffer_of.get(name)
-        if name in keep or not last_read or holders.get(src) != {name}:
+        src = self.buffer_of.get(name)
+        if (
+            name in self.keep
+            or not last_read
+            or self.holders.get(src) != {name}
+        ):
             return None
-        del holders[src]
-        n = size.pop(src)
-        return (_event_key(src, lists), None), n
+        del self.holders[src]
+        n = self.size.pop(src)
+        return (_event_key(src, self.lists), None), n
 
-    for i, op in enumerate(ops):
-        for t in op.outputs:
-            total = sums.get(t.name)
-            if total is not None and total.name not in buffer_of:
-                # A rewritten sum's buffer comes with its first input.
-                live += allocate(total.name, size_of(total) or 0)
-            if t.name in buffer_of:  # a rewritten sum, made before
-                continue
-            if t.name not in last and t.name not in keep:
-                if t.name not in consumed:
-                    continue
-            if t.name in held:  # a copied weight's read holds the old one
-                variable, n = held[t.name]
-                src = old_weight.get(variable)
-                if src in holders:
-                    buffer_of[t.name] = src
-                    holders[src].add(t.name)
-                    continue
-                old_weight[variable] = t.name
-                live += allocate(t.name, n)
-                continue
-            shared = aliases.get(t.name)
-            if shared is None and op.type in _ALIAS and op.inputs:
-                shared = op.inputs[0].name
-            if shared is not None:
-                src = buffer_of.get(shared)
-                if src is not None and src in holders:
-                    buffer_of[t.name] = src
-                    holders[src].add(t.name)
-                    continue
-            if op.type in _FREE:
-                continue
-            n = size_of(t) or 0
-            reused = None
-            if in_place:
-                reused = _reusable_input(
-                    op, i, n, read, keep, buffer_of, holders, size
-                )
-            if reused is not None:
-                buffer_of[t.name] = reused
-                holders[reused].add(t.name)
-                continue
-            if t.dtype == tf.variant:  # a loop's list: its elements
-                lists.add(t.name)  # are allocated one by one
-            live += allocate(t.name, n, _event_key(t.name, lists))
-        extra = scratch(op) if scratch else 0
+    def _output(self, i, op, t):
+        """Output `t` of op `i`: a new buffer, a shared one, or none."""
+        total = self.sums.get(t.name)
+        if total is not None and total.name not in self.buffer_of:
+            # A rewritten sum's buffer comes with its first input.
+            self._allocate(total.name, self.size_of(total) or 0)
+        if t.name in self.buffer_of:  # a rewritten sum, made before
+            return
+        if t.name not in self.last and t.name not in self.keep:
+            if t.name not in self.consumed:
+                return
+        if t.name in self.held:  # a copied weight's read holds the old one
+            variable, n = self.held[t.name]
+            src = self.old_weight.get(variable)
+            if src in self.holders:
+                self._share(t.name, src)
+                return
+            self.old_weight[variable] = t.name
+            self._allocate(t.name, n)
+            return
+        shared = self.aliases.get(t.name)
+        if shared is None and op.type in _ALIAS and op.inputs:
+            shared = op.inputs[0].name
+        if shared is not None:
+            src = self.buffer_of.get(shared)
+            if src is not None and src in self.holders:
+                self._share(t.name, src)
+                return
+        if op.type in _FREE:
+            return
+        n = self.size_of(t) or 0
+        reused = None
+        if self.in_place:
+            reused = _reusable_input(
+                op,
+                i,
+                n,
+                self.read,
+                self.keep,
+                self.buffer_of,
+                self.holders,
+                self.size,
+            )
+        if reused is not None:
+            self._share(t.name, reused)
+            return
+        if t.dtype == tf.variant:  # a loop's list: its elements
+            self.lists.add(t.name)  # are allocated one by one
+        self._allocate(t.name, n, _event_key(t.name, self.lists))
+
+    def _scratch(self, i, op) -> int:
+        """Bytes op `i`'s kernel holds on top while it runs (with those of
+        a sibling that runs beside it)."""
+        extra = self.scratch(op) if self.scratch else 0
         if extra:
             reads = {t.name for t in op.inputs if t.op.type not in _FREE}
+            sibling = self.sibling
             if sibling and reads & sibling[0] and not reads & sibling[1]:
                 extra += sibling[2]
-            sibling = (reads, {t.name for t in op.outputs}, scratch(op))
-            if events is not None:
-                events += [(("scratch", i), extra), (("scratch", i), None)]
-        peak = _at(peak, live + extra, at_peak, holders)
-        done = [t for t in op.outputs if t.name in consumed]
-        if any(t.name in rows_square for t in done):
-            # The op has ended before the update of its rows starts.
-            for name in _read_names(op.inputs, aliases):
-                freed = _free_read(name, read.get(name) == i)
-                if freed:
-                    live -= freed[1]
-                    if events is not None and freed[1]:
-                        events.append(freed[0])
-        for t in done:
-            temps = [n for n in consumed[t.name] if n]
-            keys = [("update", t.name, j) for j in range(len(temps))]
-            made = list(zip(keys, temps))
-            ends_at = spans[op.name][1] if op.name in spans else -1
-            if running and running[3] <= ends_at:
-                # It ended before this update starts.
-                live, running = live - ended(running), None
-            if running and sum(temps) * _RUNS_IN_ITS_GAPS >= running[1]:
-                # It runs on as this update makes its first temporary.
-                peak = _at(peak, live + sum(temps[:1]), at_peak, holders)
-                if events is not None:
-                    events += made[:1]
-                live, running, made = live - ended(running), None, made[1:]
-            k = reads_gradient.get(t.name)
-            beside = _runs_beside(
-                ops, i, lingering.get(t.name, 0), spans, starts
+            self.sibling = (
+                reads,
+                {t.name for t in op.outputs},
+                self.scratch(op),
             )
-            if k is not None and k < len(temps) and beside:
-                # Other ops run beside the update: its chains run one after
-                # the other, and the gradient's last read comes early. Alone
-                # (the backward pass over), they run at once on the threads.
-                freed = _free_read(t.name, last.get(t.name, i) == i)
-                if freed:
-                    # The update's last read of the gradient is done: its
-                    # buffer is free before the later temporaries.
-                    peak = _at(peak, live + sum(temps[:k]), at_peak, holders)
-                    emitted = len(temps) - len(made)  # in its gaps, above
-                    head = made[: max(0, k - emitted)]
-                    if events is not None:
-                        events += head + [freed[0]] * bool(freed[1])
-                    live, made = live - freed[1], made[len(head) :]
-            peak = _at(peak, live + sum(temps), at_peak, holders)
-            if events is not None:
-                events += made
-            if lingering.get(t.name) and temps and not running:
-                live += sum(temps)
-                end = _update_ends(i, op, lingering[t.name], spans, starts)
-                # The update reads a sparse gradient's rows while it runs:
-                # they are freed with its temporaries.
-                rows = t.name in rows_square and _free_read(t.name, True)
-                if rows:
-                    running = (keys + [rows[0][0]], sum(temps) + rows[1], *end)
-                else:
-                    running = (keys, sum(temps), *end)
-            elif events is not None:
-                events += [(k, None) for k in keys]
-            if t.name not in last:
-                last[t.name] = i  # freed below, with the op's inputs
-        if running and running[2] <= i:  # no op that starts later meets it
-            live, running = live - ended(running), None
-        for name in _read_names(done + due.pop(i, []), aliases):
-            if last.get(name) != i or name in keep:
+            if self.events is not None:
+                self.events += [(("scratch", i), extra), (("scratch", i), None)]
+        return extra
+
+    def _update(self, i, op, t):
+        """The update that consumes gradient `t` as op `i` makes it: its
+        temporaries, alone or beside the one still running."""
+        temps = [n for n in self.consumed[t.name] if n]
+        keys = [("update", t.name, j) for j in range(len(temps))]
+        made = list(zip(keys, temps))
+        ends_at = self.spans[op.name][1] if op.name in self.spans else -1
+        if self.running and self.running[3] <= ends_at:
+            self._end_running()  # it ended before this update starts
+        if self.running and sum(temps) * _RUNS_IN_ITS_GAPS >= self.running[1]:
+            # It runs on as this update makes its first temporary.
+            self._mark(sum(temps[:1]))
+            if self.events is not None:
+                self.events += made[:1]
+            self._end_running()
+            made = made[1:]
+        k = self.reads_gradient.get(t.name)
+        beside = _runs_beside(
+            self.ops, i, self.lingering.get(t.name, 0), self.spans, self.starts
+        )
+        if k is not None and k < len(temps) and beside:
+            # Other ops run beside the update: its chains run one after
+            # the other, and the gradient's last read comes early. Alone
+            # (the backward pass over), they run at once on the threads.
+            freed = self._free_read(t.name, self.last.get(t.name, i) == i)
+            if freed:
+                # The update's last read of the gradient is done: its
+                # buffer is free before the later temporaries.
+                self._mark(sum(temps[:k]))
+                emitted = len(temps) - len(made)  # in its gaps, above
+                head = made[: max(0, k - emitted)]
+                if self.events is not None:
+                    self.events += head + [freed[0]] * bool(freed[1])
+                self.live -= freed[1]
+                made = made[len(head) :]
+        self._mark(sum(temps))
+        if self.events is not None:
+            self.events += made
+        if self.lingering.get(t.name) and temps and not self.running:
+            self.live += sum(temps)
+            end = _update_ends(
+                i, op, self.lingering[t.name], self.spans, self.starts
+            )
+            # The update reads a sparse gradient's rows while it runs:
+            # they are freed with its temporaries.
+            rows = t.name in self.rows_square and self._free_read(t.name, True)
+            if rows:
+                self.running = (keys + [rows[0][0]], sum(temps) + rows[1], *end)
+            else:
+                self.running = (keys, sum(temps), *end)
+        elif self.events is not None:
+            self.events += [(key, None) for key in keys]
+        if t.name not in self.last:
+            self.last[t.name] = i  # freed below, with the op's inputs
+
+    def _release(self, i, done):
+        """Frees the buffers whose last reader is op `i`."""
+        for name in _read_names(done + self.due.pop(i, []), self.aliases):
+            if self.last.get(name) != i or name in self.keep:
                 continue
-            src = buffer_of.get(name)
-            if src is None or src not in holders:
+            src = self.buffer_of.get(name)
+            if src is None or src not in self.holders:
                 continue
-            holders[src].discard(name)
-            if not holders[src]:
-                n = size.pop(src)
-                live -= n
-                del holders[src]
-                if events is not None and n:
-                    events.append((_event_key(src, lists), None))
-    if running:  # the last update ends with the step
-        ended(running)
-    return peak
+            self.holders[src].discard(name)
+            if not self.holders[src]:
+                n = self.size.pop(src)
+                self.live -= n
+                del self.holders[src]
+                if self.events is not None and n:
+                    self.events.append((_event_key(src, self.lists), None))

@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
+from typing import Any
+from typing import NamedTuple
 
 import tensorflow as tf
 
@@ -161,6 +164,109 @@ def trace_step(
             squared error (under the owner's `chunked_loss`, sparse
             categorical cross-entropy from logits, the one it computes).
     """
+    view = _prepare(
+        model,
+        batch_size,
+        activation_itemsize,
+        input_shape,
+        sequence_length,
+        min_counted_bytes,
+        owner=owner,
+        loss=loss,
+        metrics_of=metrics_of,
+        notes=notes,
+    )
+    ops, n_fwd, size_of = view.ops, view.n_fwd, view.size_of
+    saved_by_layer, unknown = _kept_for_backward(
+        ops[n_fwd:],
+        view.fwd_names,
+        view.path_of,
+        size_of,
+        view.same,
+        views=view.ones,
+        outside=_outside(model, view.model_scope, view.path_of),
+    )
+    segments = {
+        depth: _units_at(
+            depth,
+            ops[:n_fwd],
+            view.model_scope,
+            view.path_of,
+            saved_by_layer,
+            size_of,
+        )
+        for depth in (1, 2, 3)
+    }
+    peaks = _simulated(model, view, min_counted_bytes, update, decay, in_loop)
+
+    def counted(n):
+        return 0 if n < min_counted_bytes else n
+
+    concrete = view.concrete
+    input_sizes = [_nbytes(t) or 0 for t in concrete.graph.inputs]
+    shapes = [tuple(v.shape) for v in model.trainable_variables]
+    return StepGraph(
+        peak=peaks.peak,
+        inputs=sum(counted(n) for n in input_sizes),
+        saved=sum(n for _, n in saved_by_layer),
+        gradients=sum(counted(_nbytes(t) or 0) for t in view.outputs),
+        saved_by_layer=saved_by_layer,
+        loss_apart=view.model_scope is not None,
+        segments=segments,
+        unknown=unknown,
+        sparse_rows=_sparse_rows(concrete),
+        sparse_values=_sparse_rows(concrete, values_only=True),
+        input_sizes=input_sizes,
+        events=peaks.events,
+        updating_peak=peaks.updating_peak,
+        sums_at_peak=[size_of(op.outputs[0]) or 0 for op in peaks.sums],
+        grappler_peak=peaks.grappler_peak,
+        decay_copies=peaks.decay_copies,
+        run_ahead=(
+            run_ahead_bytes(view.run, shapes, counted) if in_loop else 0
+        ),
+        folded=view.folded,
+    )
+
+
+@dataclasses.dataclass
+class _View:
+    """A traced step ready to simulate (`_prepare`)."""
+
+    concrete: Any
+    ops: list  # every op that runs, the forward pass's first
+    n_fwd: int  # how many of `ops` are the forward pass's
+    fwd_names: set
+    run: list  # in the executor's order, Grappler's merged ops left out
+    spans: dict  # op name -> (start, end) on the executor's threads
+    same: dict  # a merged tensor -> the one kept
+    ones: dict  # products by a constant one -> their input
+    path_of: Callable
+    model_scope: str | None
+    size_of: Callable  # bytes counted (`min_counted_bytes` applies)
+    whole_size: Callable  # bytes, every tensor counted
+    whole_aliases: dict
+    sim_size: Callable  # what the simulated step allocates
+    sim_aliases: dict
+    folded: list  # constants Grappler folds, allocated before the step
+    outputs: list  # the step's outputs: the gradients (and the loss)
+
+
+def _prepare(
+    model,
+    batch_size,
+    activation_itemsize,
+    input_shape,
+    sequence_length,
+    min_counted_bytes,
+    *,
+    owner,
+    loss,
+    metrics_of,
+    notes,
+) -> _View:
+    """Traces the step and sizes it: the ops in the order the executor
+    runs them, the buffers they share, the bytes of each tensor."""
     concrete, n_fwd, loss = _traced_step(
         model,
         batch_size,
@@ -210,23 +316,43 @@ def trace_step(
     constants, folded = folded_constants(
         [op for op in run if op.name not in seed], size_of
     )
-    sim_size = _without(_unowned_free(size_of, sim_aliases), constants)
-    saved_by_layer, unknown = _kept_for_backward(
-        ops[n_fwd:],
-        fwd_names,
-        path_of,
-        size_of,
-        same,
-        views=ones,
-        outside=_outside(model, model_scope, path_of),
+    return _View(
+        concrete=concrete,
+        ops=ops,
+        n_fwd=n_fwd,
+        fwd_names=fwd_names,
+        run=run,
+        spans=spans,
+        same=same,
+        ones=ones,
+        path_of=path_of,
+        model_scope=model_scope,
+        size_of=size_of,
+        whole_size=whole_size,
+        whole_aliases=whole_aliases,
+        sim_size=_without(_unowned_free(size_of, sim_aliases), constants),
+        sim_aliases=sim_aliases,
+        folded=folded,
+        outputs=list(concrete.graph.outputs),
     )
-    segments = {
-        depth: _units_at(
-            depth, ops[:n_fwd], model_scope, path_of, saved_by_layer, size_of
-        )
-        for depth in (1, 2, 3)
-    }
-    outputs = list(concrete.graph.outputs)
+
+
+class _Peaks(NamedTuple):
+    """What the simulations of a step give (`_simulated`)."""
+
+    peak: int
+    events: list
+    updating_peak: int | None
+    sums: list  # the sums (AddN) with an input alive at the peak
+    grappler_peak: int
+    decay_copies: int
+
+
+def _simulated(model, view, min_counted_bytes, update, decay, in_loop):
+    """The step simulated as the executor runs it (`_Peaks`): as
+    Grappler's estimate sees it, with the gradient sums Grappler rewrites,
+    and with each gradient consumed as it is made (`update`)."""
+    size_of, run, outputs = view.size_of, view.run, view.outputs
 
     def scratch(op):
         return _scratch(op, size_of, min_counted_bytes)
@@ -242,30 +368,30 @@ def trace_step(
         grappler_peak = _simulate(
             run,
             outputs,
-            lambda t: 0 if t.dtype == tf.variant else whole_size(t),
-            {**whole_aliases, **same},
+            lambda t: 0 if t.dtype == tf.variant else view.whole_size(t),
+            {**view.whole_aliases, **view.same},
             in_place=False,
         )
 
     held = {}
     if decay is not None:
         variables = model.trainable_variables
-        held = _decayed_reads(concrete, run, variables, decay(variables))
+        held = _decayed_reads(view.concrete, run, variables, decay(variables))
     events, alive = [], set()
     simulate = functools.partial(
         _simulate,
         run,
         outputs,
-        sim_size,
-        sim_aliases,
+        view.sim_size,
+        view.sim_aliases,
         scratch,
-        spans=spans,
+        spans=view.spans,
         held=held,
     )
     peak = simulate(
         events=None if update is not None else events, at_peak=alive
     )
-    sums = _sums_with_input_in(ops, alive)
+    sums = _sums_with_input_in(view.ops, alive)
     decay_copies = _alive_bytes(held, alive)
     # The sums Grappler rewrote into accumulations: each input is added,
     # and freed, as soon as it and the sum's buffer are there.
@@ -279,44 +405,26 @@ def trace_step(
         events = []
         updating_peak = _simulate_updating(
             model,
-            concrete,
+            view.concrete,
             run,
-            sim_size,
-            sim_aliases,
+            view.sim_size,
+            view.sim_aliases,
             scratch,
             update,
             events,
             accumulated=accumulated,
-            spans=spans,
+            spans=view.spans,
             held=held,
             at_peak=alive,
         )
         decay_copies = _alive_bytes(held, alive)
-
-    def counted(n):
-        return 0 if n < min_counted_bytes else n
-
-    input_sizes = [_nbytes(t) or 0 for t in concrete.graph.inputs]
-    shapes = [tuple(v.shape) for v in model.trainable_variables]
-    return StepGraph(
+    return _Peaks(
         peak=peak,
-        inputs=sum(counted(n) for n in input_sizes),
-        saved=sum(n for _, n in saved_by_layer),
-        gradients=sum(counted(_nbytes(t) or 0) for t in outputs),
-        saved_by_layer=saved_by_layer,
-        loss_apart=model_scope is not None,
-        segments=segments,
-        unknown=unknown,
-        sparse_rows=_sparse_rows(concrete),
-        sparse_values=_sparse_rows(concrete, values_only=True),
-        input_sizes=input_sizes,
         events=events,
         updating_peak=updating_peak,
-        sums_at_peak=[size_of(op.outputs[0]) or 0 for op in sums],
+        sums=sums,
         grappler_peak=grappler_peak,
         decay_copies=decay_copies,
-        run_ahead=run_ahead_bytes(run, shapes, counted) if in_loop else 0,
-        folded=folded,
     )
 
 
