@@ -145,6 +145,26 @@ class _LowPrecision:
         self.lazy_decay = frozenset()
 
 
+# The arguments every `StateOptimizer` takes, documented once: a subclass
+# writes `{bf16_args}` on a line of its docstring's `Args:`, indented
+# as the other arguments (`StateOptimizer.__init_subclass__`).
+BF16_ARGS_DOC = """\
+bf16_update: `None` (default), `"stochastic"`, `"kahan"` or
+    `"plain"`: how the float32 step is written into bfloat16 (or
+    float16) weights; float32 weights are unchanged by it, bit for
+    bit. `None` and `"stochastic"`: stochastic rounding (bfloat16
+    only; float16 is refused); `"kahan"`: a compensation buffer of
+    the weight's dtype per weight (2 bytes per parameter, in
+    `variables`); `"plain"`: round to nearest, which loses updates
+    under half a bfloat16 ulp (lossy). Their weight decay is applied
+    in float32 inside the step; with `use_ema=True` their moving
+    averages are float32 (4 bytes per parameter) and move in
+    float32. See docs/optimizers.md.
+bf16_seed: Int >= 0, defaults to `0`. Seed of the stochastic
+    rounding's bits (hashed with the step, the variable's index and
+    the element's index: the same on every replica and on resume)."""
+
+
 class StateOptimizer(keras.optimizers.Optimizer):
     """The steps tfmemopt's optimizers share around their own state.
 
@@ -161,6 +181,17 @@ class StateOptimizer(keras.optimizers.Optimizer):
     folded into the float32 step (Keras decays them in bfloat16, where
     `w * wd * lr` is under half an ulp and lost).
     """
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        doc = cls.__dict__.get("__doc__")
+        if doc and "{bf16_args}" in doc:
+            line = next(x for x in doc.splitlines() if "{bf16_args}" in x)
+            indent = line[: len(line) - len(line.lstrip())]
+            text = "\n".join(
+                indent + x if x else x for x in BF16_ARGS_DOC.splitlines()
+            )
+            cls.__doc__ = doc.replace(indent + "{bf16_args}", text)
 
     def __init__(self, *args, bf16_update=None, bf16_seed=0, **kwargs):
         super().__init__(*args, **kwargs)

@@ -73,20 +73,7 @@ class Adam8bit(_common.StateOptimizer):
         weight_decay, clipnorm, clipvalue, global_clipnorm, use_ema,
             ema_momentum, ema_overwrite_frequency, loss_scale_factor, name:
             as in `keras.optimizers.Adam`.
-        bf16_update: `None` (default), `"stochastic"`, `"kahan"` or
-            `"plain"`: how the float32 step is written into bfloat16 (or
-            float16) weights; float32 weights are unchanged by it, bit for
-            bit. `None` and `"stochastic"`: stochastic rounding (bfloat16
-            only; float16 is refused); `"kahan"`: a compensation buffer of
-            the weight's dtype per weight (2 bytes per parameter, in
-            `variables`); `"plain"`: round to nearest, which loses updates
-            under half a bfloat16 ulp (lossy). Their weight decay is applied
-            in float32 inside the step; with `use_ema=True` their moving
-            averages are float32 (4 bytes per parameter) and move in
-            float32. See docs/optimizers.md.
-        bf16_seed: Int >= 0, defaults to `0`. Seed of the stochastic
-            rounding's bits (hashed with the step, the variable's index and
-            the element's index: the same on every replica and on resume).
+        {bf16_args}
         gradient_accumulation_steps: refused; use `tfmemopt.Model(...,
             accumulation_steps=N)` or `tfmemopt.AccumulatingOptimizer`.
 
