@@ -476,6 +476,43 @@ def test_unbuilt_subclass_builds_from_a_dataset_of_unknown_batch(steps):
     assert [tuple(w.shape) for w in net.weights[:2]] == [(6, 16), (16,)]
 
 
+class _CountingNet(tfmemopt.Model):
+    """Counts how often its forward pass is traced."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.dense = keras.layers.Dense(2)
+        self.calls = 0
+
+    def call(self, x):
+        self.calls += 1
+        return self.dense(x)
+
+
+@pytest.mark.parametrize("steps", [1, 2])
+def test_a_dataset_traces_the_forward_pass_as_often_as_arrays(steps):
+    # Without accumulation a tf.data batch (size known only at run time)
+    # traced a loop and a tail that never run: three forward and backward
+    # passes in every trace of the step, 2x the first `fit`'s time of
+    # arrays. With 2 micro-batches of a run-time batch the loop and the
+    # tail are real (one more trace than arrays, whose tail is known).
+    x = np.ones((8, 3), "float32")
+    y = np.ones((8, 2), "float32")
+    counts = {}
+    for form in ("arrays", "dataset"):
+        net = _CountingNet(accumulation_steps=steps)
+        net.compile("sgd", "mse")
+        net(x[:1])
+        net.calls = 0
+        if form == "arrays":
+            net.fit(x, y, batch_size=4, verbose=0)
+        else:
+            ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(4)
+            net.fit(ds, verbose=0)
+        counts[form] = net.calls
+    assert counts["dataset"] == counts["arrays"] + (steps - 1), counts
+
+
 def test_peak_memory_of_one_micro_batch(step_peak):
     """An activation-dominated MLP: N=8 needs far less than one big batch."""
 

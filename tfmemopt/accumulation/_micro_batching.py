@@ -41,7 +41,14 @@ class MicroBatchPlan:
 
     @property
     def is_static(self) -> bool:
+        """Whether the batch size is known while tracing."""
         return isinstance(self.batch_size, int)
+
+    @property
+    def counts_known(self) -> bool:
+        """Whether how many micro-batches there are, and the tail's size,
+        are known while tracing (a static batch, or one micro-batch)."""
+        return isinstance(self.num_full, int) and isinstance(self.tail, int)
 
 
 def _ceil_div(a, b):
@@ -77,6 +84,12 @@ def plan_micro_batches(
         num_full = b // size
         return MicroBatchPlan(b, size, num_full, b - num_full * size)
     b = tf.cast(batch_size, tf.int32)
+    if accumulation_steps == 1:
+        # One micro-batch, the whole batch, whatever its size: counts known
+        # while tracing, so the window traces the step once (a loop and a
+        # tail that never run had tripled the trace of every fit on a
+        # `tf.data.Dataset`, whose batch size is dynamic).
+        return MicroBatchPlan(b, b, 1, 0)
     if accumulation_steps is not None:
         size = tf.maximum((b + accumulation_steps - 1) // accumulation_steps, 1)
     else:

@@ -155,7 +155,7 @@ class _Window(WindowAccumulators):
         plan = self.plan
         acc, rows = self._first(self.micro_step(0, plan.size))
         pieces = [rows]
-        if plan.is_static:
+        if plan.counts_known:
             if plan.num_full > 1:
                 acc, loop_rows = self._loop(acc, plan.num_full, plan.size)
                 pieces.append(loop_rows)
