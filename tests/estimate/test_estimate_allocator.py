@@ -13,7 +13,9 @@ from tfmemopt import estimate_memory
 from tfmemopt._compat import sublayers
 from tfmemopt.estimate import CPU_STATS_MIN_BYTES
 from tfmemopt.estimate import _in_place
+from tfmemopt.estimate import _kernels
 from tfmemopt.estimate import _step_graph
+from tfmemopt.estimate import _step_peaks
 
 F32 = 4
 
@@ -81,7 +83,7 @@ def test_min_counted_bytes_is_checked(bad):
     ],
 )
 def test_einsum_kernel_copies(equation, copied, out_copied):
-    got = _step_graph._einsum_copies(equation)
+    got = _kernels._einsum_copies(equation)
     if copied is None:
         assert got is None
     else:
@@ -104,7 +106,7 @@ def test_einsum_copies_are_in_the_simulated_peak(monkeypatch):
     h = keras.layers.Flatten()(_Scores()(h))
     model = keras.Model(inp, keras.layers.Dense(1)(h))
     with_copies = _step_graph.trace_step(model, 16).peak
-    monkeypatch.setattr(_step_graph, "_scratch", lambda *a, **k: 0)
+    monkeypatch.setattr(_step_peaks, "_scratch", lambda *a, **k: 0)
     without = _step_graph.trace_step(model, 16).peak
     # Forward: q and k transposed (2 x 128 KiB) and the scores (256 KiB)
     # before their transpose; the gradients' copies are of the same sizes.
